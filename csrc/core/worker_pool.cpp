@@ -1,0 +1,295 @@
+#include "worker_pool.h"
+
+#include <cstdio>
+#include <exception>
+#include <stdexcept>
+#include <utility>
+
+namespace torch_pipeline {
+namespace core {
+
+namespace {
+
+// The WorkerThread whose loop() runs on the calling thread, or null.
+thread_local const WorkerThread* t_current_worker = nullptr;
+
+std::string shut_down_message(int id) {
+  return "torch_pipeline: worker thread " + std::to_string(id) + " is shut down";
+}
+
+// Cancels every task in `tasks`, in order, on the calling thread (no lock may be held), destroying
+// each one right after its cancel() so that whatever it owns is released before it counts as done.
+void cancel_all(std::deque<std::unique_ptr<Task>>& tasks, const std::string& reason) {
+  for (auto& task : tasks) {
+    task->cancel(reason);
+    task.reset();
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// WorkerThread
+
+WorkerThread::WorkerThread(int id, std::function<void()> on_idle)
+    : id_(id), on_idle_(std::move(on_idle)) {}
+
+WorkerThread::~WorkerThread() {
+  shutdown(/*cancel_queued=*/true);
+  // shutdown() joins unless it runs on the worker thread itself, i.e. the WorkerThread is being
+  // destroyed from inside one of its own tasks. A thread cannot join itself and destroying a
+  // joinable std::thread terminates, so let it go; using the object after that is the caller's bug.
+  if (thread_.joinable()) thread_.detach();
+}
+
+uint64_t WorkerThread::submit(std::unique_ptr<Task> task) {
+  if (!task) throw std::invalid_argument("torch_pipeline: submit() was given a null task");
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!stopping_) {
+      if (!started_) {
+        // Started under the lock: loop() blocks on mutex_ until the task below is queued.
+        thread_ = std::thread([this] { loop(); });
+        thread_id_ = thread_.get_id();
+        started_ = true;
+      }
+      queue_.push_back(std::move(task));
+      const uint64_t seq = ++submitted_;
+      work_cv_.notify_one();
+      return seq;
+    }
+  }
+  // Refused. Keep the Task contract (exactly one of run()/cancel() is called), outside the lock.
+  const std::string message = shut_down_message(id_);
+  task->cancel(message);
+  task.reset();
+  throw std::runtime_error(message);
+}
+
+uint64_t WorkerThread::submitted() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return submitted_;
+}
+
+uint64_t WorkerThread::completed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_;
+}
+
+bool WorkerThread::wait_until_done(uint64_t seq, std::chrono::milliseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  std::unique_lock<std::mutex> lock(mutex_);
+  const auto done = [&] { return completed_ >= seq; };
+  if (done()) return true;
+  if (timeout <= std::chrono::milliseconds::zero()) return false;
+  const Clock::time_point now = Clock::now();
+  // A timeout beyond the clock's range (e.g. milliseconds::max() for "forever") would overflow
+  // now + timeout; wait without a deadline instead. Compared in milliseconds: converting a huge
+  // millisecond count to the clock's nanoseconds would itself overflow.
+  const auto headroom =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now);
+  if (timeout >= headroom) {
+    done_cv_.wait(lock, done);
+    return true;
+  }
+  return done_cv_.wait_until(lock, now + timeout, done);
+}
+
+size_t WorkerThread::cancel_pending(const std::string& reason) {
+  std::deque<std::unique_ptr<Task>> dropped;
+  uint64_t first = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (queue_.empty()) return 0;
+    dropped.swap(queue_);
+    // The queue holds the tasks numbered submitted_ - size + 1 .. submitted_.
+    first = submitted_ - dropped.size() + 1;
+  }
+  const size_t count = dropped.size();
+  cancel_all(dropped, reason);
+  std::lock_guard<std::mutex> lock(mutex_);
+  finish_locked(first, first + count - 1);
+  return count;
+}
+
+void WorkerThread::shutdown(bool cancel_queued) {
+  std::deque<std::unique_ptr<Task>> dropped;
+  uint64_t first = 0;
+  std::thread to_join;
+  const bool on_own_thread = is_current_thread();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+    if (cancel_queued && !queue_.empty()) {
+      dropped.swap(queue_);
+      first = submitted_ - dropped.size() + 1;
+    }
+    // Exactly one caller takes the thread to join it, so concurrent shutdowns never join twice.
+    // The worker never takes itself: it would deadlock joining itself. It leaves thread_ for a later
+    // shutdown() from another thread (or the destructor) to join once loop() has returned.
+    if (!on_own_thread && thread_.joinable()) to_join = std::move(thread_);
+    work_cv_.notify_all();
+  }
+  if (!dropped.empty()) {
+    const size_t count = dropped.size();
+    cancel_all(dropped, shut_down_message(id_));
+    std::lock_guard<std::mutex> lock(mutex_);
+    finish_locked(first, first + count - 1);
+  }
+  if (to_join.joinable()) {
+    to_join.join();
+  } else if (!on_own_thread) {
+    // Another caller is joining the thread (or it never started): still return only once the
+    // worker has finished what it runs and, unless cancelled, what is queued.
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, [&] { return queue_.empty() && !running_task_; });
+  }
+}
+
+bool WorkerThread::is_current_thread() const { return t_current_worker == this; }
+
+bool WorkerThread::started() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return started_;
+}
+
+bool WorkerThread::busy() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return running_task_;
+}
+
+size_t WorkerThread::pending() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return queue_.size();
+}
+
+int WorkerThread::current_id() {
+  return t_current_worker != nullptr ? t_current_worker->id_ : -1;
+}
+
+void WorkerThread::finish_locked(uint64_t first, uint64_t last) {
+  if (first != completed_ + 1) {
+    // An earlier task is still running (these were cancelled from the queue behind it) or an
+    // earlier range is still being cancelled: remember these until the gap closes.
+    finished_ahead_.emplace(first, last);
+    return;
+  }
+  completed_ = last;
+  for (auto it = finished_ahead_.begin();
+       it != finished_ahead_.end() && it->first == completed_ + 1;
+       it = finished_ahead_.erase(it)) {
+    completed_ = it->second;
+  }
+  done_cv_.notify_all();
+}
+
+// Note on exceptions: only std::exception is caught, never `...`. A pthread cancellation (forced
+// unwind) must be able to pass through this loop; swallowing it would abort the process.
+void WorkerThread::loop() {
+  t_current_worker = this;
+  // Whether a task has run since on_idle_ was last called: on_idle_ marks the end of a batch, so it
+  // is not called on wake-ups that ran nothing.
+  bool ran_since_idle = false;
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    if (queue_.empty()) {
+      if (ran_since_idle && on_idle_) {
+        // About to sleep (or to exit): call on_idle_ without the lock, then look again, since a
+        // task may have been queued meanwhile.
+        ran_since_idle = false;
+        lock.unlock();
+        try {
+          on_idle_();
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "torch_pipeline: worker thread %d: on_idle raised: %s\n", id_,
+                       e.what());
+        }
+        lock.lock();
+        continue;
+      }
+      if (stopping_) break;
+      work_cv_.wait(lock, [&] { return !queue_.empty() || stopping_; });
+      continue;
+    }
+
+    std::unique_ptr<Task> task = std::move(queue_.front());
+    queue_.pop_front();
+    // What is still queued is numbered up to submitted_, so this task is the one just before.
+    const uint64_t seq = submitted_ - queue_.size();
+    running_task_ = true;
+    lock.unlock();
+
+    try {
+      task->run();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "torch_pipeline: worker thread %d: task raised: %s\n", id_, e.what());
+    }
+    task.reset();  // release what the task owns before it counts as done
+
+    lock.lock();
+    running_task_ = false;
+    ran_since_idle = true;
+    finish_locked(seq, seq);
+  }
+  t_current_worker = nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------
+// WorkerPool
+
+namespace {
+
+int checked_cap(int cap) {
+  if (cap < 1) {
+    throw std::invalid_argument("torch_pipeline: the worker thread cap must be at least 1, got " +
+                                std::to_string(cap));
+  }
+  return cap;
+}
+
+}  // namespace
+
+WorkerPool::WorkerPool(int cap, std::function<void()> on_idle)
+    : cap_(checked_cap(cap)), on_idle_(std::move(on_idle)), workers_(static_cast<size_t>(cap_)) {}
+
+WorkerPool::~WorkerPool() { shutdown(/*cancel_queued=*/true); }
+
+WorkerThread& WorkerPool::worker(int id) {
+  if (id < 0 || id >= cap_) {
+    const std::string threads = cap_ == 1 ? "1 worker thread (id 0)"
+                                          : std::to_string(cap_) + " worker threads (ids 0.." +
+                                                std::to_string(cap_ - 1) + ")";
+    throw std::out_of_range("torch_pipeline: worker thread id " + std::to_string(id) +
+                            " is out of range: the pool has " + threads +
+                            "; raise the cap with set_max_worker_threads(n) before first use or "
+                            "TORCH_PIPELINE_MAX_WORKER_THREADS");
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_ptr<WorkerThread>& slot = workers_[static_cast<size_t>(id)];
+  if (!slot) slot = std::make_unique<WorkerThread>(id, on_idle_);
+  return *slot;
+}
+
+std::vector<WorkerThread*> WorkerPool::created() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<WorkerThread*> out;
+  for (const auto& w : workers_) {
+    if (w) out.push_back(w.get());
+  }
+  return out;
+}
+
+void WorkerPool::shutdown(bool cancel_queued) {
+  // Not under mutex_: shutting a worker down waits for its running task, which may itself call
+  // worker() on this pool.
+  const std::vector<WorkerThread*> workers = created();
+  if (cancel_queued) {
+    // Empty every queue first: the workers are joined one at a time, and a worker waiting for its
+    // turn must not go on running tasks that this shutdown is meant to cancel.
+    for (WorkerThread* w : workers) w->cancel_pending(shut_down_message(w->id()));
+  }
+  for (WorkerThread* w : workers) w->shutdown(cancel_queued);
+}
+
+}  // namespace core
+}  // namespace torch_pipeline

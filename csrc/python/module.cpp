@@ -1,0 +1,363 @@
+// torch_pipeline._C: the Python bindings. Only argument checking and conversion live here; the
+// behaviour is in csrc/runtime (and csrc/python/tasks.cpp for Python tasks).
+#include "gil.h"
+#include "tasks.h"
+
+#include "../runtime/context.h"
+#include "../runtime/devices.h"
+#include "../runtime/event.h"
+#include "../runtime/runtime.h"
+#include "../runtime/streams.h"
+
+#include <torch/extension.h>
+
+#include <sstream>
+
+namespace py = pybind11;
+using namespace torch_pipeline;
+
+namespace {
+
+// A worker-thread handle: only get_worker_thread(i) makes them (the id is checked there).
+struct WorkerThreadHandle {
+  int id;
+};
+
+// `with tp.pipeline(p):` — None makes it a no-op, like torch.cuda.stream(None).
+struct PipelineContext {
+  PipelinePtr pipeline;  // may be null
+};
+
+// torch_pipeline._decorate(pipeline_or_None, fn); leaked so that no destructor runs after the
+// interpreter is gone.
+py::object* g_decorate = nullptr;
+
+std::string type_name(py::handle obj) {
+  return Py_TYPE(obj.ptr())->tp_name;
+}
+
+PipelinePtr to_pipeline(py::handle obj, const char* what) {
+  TORCH_CHECK_TYPE(
+      py::isinstance<PipelineImpl>(obj), what, " expects a torch_pipeline.Pipeline, got an object "
+      "of type ", type_name(obj));
+  return py::cast<PipelinePtr>(obj);
+}
+
+PipelinePtr to_pipeline_or_current(py::handle obj, const char* what) {
+  return obj.is_none() ? current_pipeline() : to_pipeline(obj, what);
+}
+
+int to_worker_id(py::handle obj) {
+  if (obj.is_none()) {
+    return 0;
+  }
+  if (py::isinstance<WorkerThreadHandle>(obj)) {
+    return py::cast<WorkerThreadHandle&>(obj).id;
+  }
+  TORCH_CHECK_TYPE(
+      PyLong_Check(obj.ptr()) && !PyBool_Check(obj.ptr()),
+      "worker_thread must be a torch_pipeline.WorkerThread, an int or None, got an object of type ",
+      type_name(obj));
+  const long long id = PyLong_AsLongLong(obj.ptr());
+  if (id == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    TORCH_CHECK_VALUE(false, "worker thread id is out of range");
+  }
+  TORCH_CHECK_VALUE(
+      id >= 0 && id <= kMaxWorkerThreadsLimit, "worker thread id ", id,
+      " is out of range: the cap is ", max_worker_threads(), " worker threads (ids 0..",
+      max_worker_threads() - 1, ")");
+  return static_cast<int>(id);
+}
+
+c10::Device to_device(py::handle obj) {
+  TORCH_CHECK_TYPE(
+      THPDevice_Check(obj.ptr()), "expected a torch.device, got an object of type ",
+      type_name(obj));
+  return reinterpret_cast<THPDevice*>(obj.ptr())->device;
+}
+
+std::string pipeline_repr(const PipelineImpl& p) {
+  std::ostringstream os;
+  if (p.is_default()) {
+    os << "<torch_pipeline.Pipeline default (worker_thread=0)>";
+    return os.str();
+  }
+  os << "<torch_pipeline.Pipeline id=" << p.id() << " worker_thread=" << p.worker_id()
+     << " priority=" << p.priority();
+  for (const auto& [device, stream] : p.own_streams()) {
+    os << " " << device << ":stream=" << stream.id();
+  }
+  os << ">";
+  return os.str();
+}
+
+void synchronize_streams(const DeviceStreams& streams) {
+  py::gil_scoped_release no_gil;
+  for (const auto& [device, stream] : streams) {
+    c10::impl::getDeviceGuardImpl(device.type())->synchronizeStream(stream);
+  }
+}
+
+// The streams a pipeline has now, without acquiring new ones.
+DeviceStreams existing_streams(PipelineImpl& p) {
+  return p.is_default() ? lane_streams(p) : p.own_streams();
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torch_pipeline native runtime (use the torch_pipeline package, not this module)";
+
+  py::register_local_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) {
+        std::rethrow_exception(p);
+      }
+    } catch (const c10::ValueError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+    } catch (const c10::TypeError& e) {
+      PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
+    } catch (const c10::IndexError& e) {
+      PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
+    } catch (const c10::Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+    }
+  });
+
+  Runtime::set_idle_hook(&python::worker_release_gil);
+
+  // ---- worker threads ----------------------------------------------------------------------
+  py::class_<WorkerThreadHandle>(m, "WorkerThread", R"doc(
+A long-lived worker thread of torch_pipeline's capped pool. Get one with get_worker_thread(i).
+
+    >>> t = torch_pipeline.get_worker_thread(1)
+    >>> p = torch_pipeline.Pipeline(t)
+)doc")
+      .def(py::init([](py::args, py::kwargs) -> WorkerThreadHandle {
+        TORCH_CHECK_TYPE(
+            false, "WorkerThread objects are not created directly: use "
+            "torch_pipeline.get_worker_thread(i)");
+        return {};
+      }))
+      .def_property_readonly("id", [](const WorkerThreadHandle& t) { return t.id; })
+      .def("__eq__", [](const WorkerThreadHandle& a, py::handle b) {
+        return py::isinstance<WorkerThreadHandle>(b) && py::cast<WorkerThreadHandle&>(b).id == a.id;
+      })
+      .def("__hash__", [](const WorkerThreadHandle& t) { return py::hash(py::int_(t.id)); })
+      .def("__repr__", [](const WorkerThreadHandle& t) {
+        return "<torch_pipeline.WorkerThread id=" + std::to_string(t.id) + ">";
+      });
+
+  m.def("get_worker_thread", [](py::handle id) {
+    TORCH_CHECK_TYPE(
+        PyLong_Check(id.ptr()) && !PyBool_Check(id.ptr()),
+        "get_worker_thread expects an int id, got an object of type ", type_name(id));
+    const int i = to_worker_id(id);
+    Runtime::get().check_worker_id(i);
+    return WorkerThreadHandle{i};
+  }, py::arg("id"));
+  m.def("max_worker_threads", &max_worker_threads);
+  m.def("set_max_worker_threads", [](py::handle n) {
+    TORCH_CHECK_TYPE(
+        PyLong_Check(n.ptr()) && !PyBool_Check(n.ptr()),
+        "set_max_worker_threads expects an int, got an object of type ", type_name(n));
+    const long long v = PyLong_AsLongLong(n.ptr());
+    if (v == -1 && PyErr_Occurred()) {
+      PyErr_Clear();
+    }
+    TORCH_CHECK_VALUE(
+        v >= 1 && v <= kMaxWorkerThreadsLimit, "max worker threads must be in [1, ",
+        kMaxWorkerThreadsLimit, "], got ", py::str(n).cast<std::string>());
+    set_max_worker_threads(static_cast<int>(v));
+  }, py::arg("n"));
+
+  // ---- pipelines -----------------------------------------------------------------------------
+  py::class_<PipelineImpl, PipelinePtr>(m, "Pipeline")
+      .def(py::init([](py::handle worker_thread, py::handle priority) {
+        TORCH_CHECK_TYPE(
+            PyLong_Check(priority.ptr()) && !PyBool_Check(priority.ptr()),
+            "priority must be an int, got an object of type ", type_name(priority));
+        const long long pr = PyLong_AsLongLong(priority.ptr());
+        if (pr == -1 && PyErr_Occurred()) {
+          PyErr_Clear();
+        }
+        TORCH_CHECK_VALUE(
+            pr >= -1024 && pr <= 1024, "priority must be in [-1024, 1024] (lower is higher "
+            "priority, as for torch.cuda.Stream; backends clamp it to their range), got ",
+            py::str(priority).cast<std::string>());
+        return Runtime::get().create_pipeline(to_worker_id(worker_thread), static_cast<int>(pr));
+      }), py::arg("worker_thread") = py::none(), py::kw_only(), py::arg("priority") = 0)
+      .def_property_readonly("id", &PipelineImpl::id)
+      .def_property_readonly("worker_thread", [](const PipelineImpl& p) {
+        return WorkerThreadHandle{p.worker_id()};
+      })
+      .def_property_readonly("priority", &PipelineImpl::priority)
+      .def_property_readonly("is_default", &PipelineImpl::is_default)
+      .def("_stream", [](PipelineImpl& p, py::handle device) {
+        return pipeline_stream(p, to_device(device));
+      })
+      .def("_streams", [](PipelineImpl& p) {
+        py::list out;
+        for (const auto& ds : existing_streams(p)) {
+          out.append(py::cast(ds.second));
+        }
+        return out;
+      })
+      .def("query", [](PipelineImpl& p) {
+        if (!python::pipeline_tasks_done(p)) {
+          return false;
+        }
+        for (const auto& [device, stream] : existing_streams(p)) {
+          if (!c10::impl::getDeviceGuardImpl(device.type())->queryStream(stream)) {
+            return false;
+          }
+        }
+        return true;
+      })
+      .def("synchronize", [](PipelineImpl& p) {
+        python::wait_pipeline_tasks(p);
+        synchronize_streams(existing_streams(p));
+      })
+      .def("record_event", [](PipelinePtr p, py::object event) {
+        if (event.is_none()) {
+          event = py::cast(std::make_shared<PipelineEvent>(false));
+        }
+        TORCH_CHECK_TYPE(
+            py::isinstance<PipelineEvent>(event), "record_event expects a "
+            "torch_pipeline.PipelineEvent or None, got an object of type ", type_name(event));
+        py::cast<PipelineEvent&>(event).record(*p);
+        return event;
+      }, py::arg("event") = py::none())
+      .def("wait_event", [](PipelinePtr p, py::handle event) {
+        TORCH_CHECK_TYPE(
+            py::isinstance<PipelineEvent>(event), "wait_event expects a "
+            "torch_pipeline.PipelineEvent, got an object of type ", type_name(event));
+        py::cast<PipelineEvent&>(event).wait(*p);
+      }, py::arg("event"))
+      .def("wait_pipeline", [](PipelinePtr p, py::handle other) {
+        PipelinePtr o = to_pipeline(other, "wait_pipeline");
+        if (o.get() == p.get()) {
+          return;
+        }
+        PipelineEvent e(false);
+        e.record(*o);
+        e.wait(*p);
+      }, py::arg("other"))
+      // submit(fn, /, *args, **kwargs): fn is taken from *args so that a keyword named "fn"
+      // reaches the task.
+      .def("submit", [](PipelinePtr p, py::args args, py::kwargs kwargs) {
+        TORCH_CHECK_TYPE(
+            !args.empty(), "submit() missing the callable to run: submit(fn, /, *args, **kwargs)");
+        py::object fn = args[0];
+        py::tuple rest = py::reinterpret_steal<py::tuple>(PyTuple_GetSlice(args.ptr(), 1, args.size()));
+        return python::submit(p, std::move(fn), std::move(rest), std::move(kwargs));
+      })
+      .def("__enter__", [](py::object self) {
+        enter_pipeline(py::cast<PipelinePtr>(self));
+        return self;
+      })
+      .def("__exit__", [](const PipelineImpl& p, py::handle, py::handle, py::handle) {
+        exit_pipeline(&p);
+        return false;
+      })
+      .def("__eq__", [](const PipelineImpl& a, py::handle b) {
+        return py::isinstance<PipelineImpl>(b) && &py::cast<const PipelineImpl&>(b) == &a;
+      })
+      .def("__hash__", [](const PipelineImpl& p) {
+        return std::hash<const void*>()(&p);
+      })
+      .def("__repr__", &pipeline_repr);
+
+  py::class_<PipelineContext>(m, "pipeline")
+      .def(py::init([](py::handle p) {
+        return PipelineContext{p.is_none() ? nullptr : to_pipeline(p, "torch_pipeline.pipeline()")};
+      }), py::arg("pipeline"))
+      .def("__enter__", [](PipelineContext& c) -> py::object {
+        if (!c.pipeline) {
+          return py::none();
+        }
+        enter_pipeline(c.pipeline);
+        return py::cast(c.pipeline);
+      })
+      .def("__exit__", [](PipelineContext& c, py::handle, py::handle, py::handle) {
+        if (c.pipeline) {
+          exit_pipeline(c.pipeline.get());
+        }
+        return false;
+      })
+      .def("__call__", [](PipelineContext& c, py::handle fn) {
+        TORCH_INTERNAL_ASSERT(g_decorate != nullptr);
+        return (*g_decorate)(c.pipeline ? py::cast(c.pipeline) : py::none(), fn);
+      })
+      .def_property_readonly("pipeline", [](const PipelineContext& c) -> py::object {
+        return c.pipeline ? py::cast(c.pipeline) : py::none();
+      });
+
+  m.def("current_pipeline", &current_pipeline);
+  m.def("default_pipeline", [] { return Runtime::get().default_pipeline(); });
+  m.def("set_pipeline", [](py::handle p) {
+    if (!p.is_none()) {
+      set_pipeline(to_pipeline(p, "set_pipeline"));
+    }
+  }, py::arg("pipeline"));
+  m.def("synchronize", [] {
+    python::wait_all_tasks();
+    const auto devices = initialized_accelerator_devices();
+    py::gil_scoped_release no_gil;
+    for (const c10::Device& d : devices) {
+      c10::impl::getDeviceGuardImpl(d.type())->synchronizeDevice(d.index());
+    }
+  });
+
+  // ---- events --------------------------------------------------------------------------------
+  py::class_<PipelineEvent, std::shared_ptr<PipelineEvent>>(m, "PipelineEvent")
+      .def(py::init([](bool enable_timing) {
+        return std::make_shared<PipelineEvent>(enable_timing);
+      }), py::kw_only(), py::arg("enable_timing") = false)
+      .def("record", [](PipelineEvent& e, py::handle p) {
+        e.record(*to_pipeline_or_current(p, "PipelineEvent.record"));
+      }, py::arg("pipeline") = py::none())
+      .def("wait", [](const PipelineEvent& e, py::handle p) {
+        e.wait(*to_pipeline_or_current(p, "PipelineEvent.wait"));
+      }, py::arg("pipeline") = py::none())
+      .def("query", &PipelineEvent::query)
+      .def("synchronize", &PipelineEvent::synchronize, py::call_guard<py::gil_scoped_release>())
+      .def("_elapsed_time", [](const PipelineEvent& e, py::handle end, py::handle device) {
+        TORCH_CHECK_TYPE(
+            py::isinstance<PipelineEvent>(end), "elapsed_time expects a "
+            "torch_pipeline.PipelineEvent, got an object of type ", type_name(end));
+        return e.elapsed_time(py::cast<const PipelineEvent&>(end), to_device(device));
+      })
+      .def_property_readonly("enable_timing", &PipelineEvent::enable_timing)
+      .def_property_readonly("devices", &PipelineEvent::devices)
+      .def("__repr__", [](const PipelineEvent& e) {
+        std::ostringstream os;
+        os << "<torch_pipeline.PipelineEvent devices=[";
+        const auto devices = e.devices();
+        for (size_t i = 0; i < devices.size(); ++i) {
+          os << (i ? ", " : "") << devices[i];
+        }
+        os << "]>";
+        return os.str();
+      });
+
+  // ---- tasks ---------------------------------------------------------------------------------
+  py::class_<TaskSync, std::shared_ptr<TaskSync>>(m, "_TaskSync")
+      .def("done", &TaskSync::done)
+      .def("wait", [](const TaskSync& s) { python::wait_task(s); });
+
+  m.def("_set_future_class", &python::set_future_class);
+  m.def("_set_decorate", [](py::object fn) { g_decorate = new py::object(std::move(fn)); });
+  m.def("_shutdown", &python::shutdown, py::arg("timeout_s") = -1.0);
+  m.def("_refresh_accelerator", &refresh_accelerator);
+  m.def("_current_accelerator_device", []() -> py::object {
+    const auto acc = accelerator();
+    if (!acc.has_value()) {
+      return py::none();
+    }
+    return py::cast(current_device(*acc));
+  });
+  m.def("_generation", &Runtime::current_generation);
+  m.def("_cuda_exclusive_streams", [] { return has_exclusive_streams(c10::kCUDA); });
+}

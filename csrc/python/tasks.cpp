@@ -1,0 +1,300 @@
+#include "tasks.h"
+
+#include "gil.h"
+
+#include "../runtime/context.h"
+#include "../runtime/devices.h"
+#include "../runtime/runtime.h"
+
+#include <atomic>
+#include <chrono>
+#include <iostream>
+#include <string>
+
+namespace py = pybind11;
+
+namespace torch_pipeline {
+namespace python {
+namespace {
+
+PyObject* g_future_class = nullptr;  // strong reference, never released
+std::atomic<bool> g_draining{false};  // the exit handler runs: only tasks may submit
+
+// The Python references of a task are raw so that no destructor ever touches Python without the
+// GIL: they are dropped with the GIL held, or leaked once the interpreter is exiting.
+class PyTask final : public core::Task {
+ public:
+  PyTask(
+      core::WorkerThread* worker, PipelinePtr pipeline, py::object fn, py::tuple args,
+      py::dict kwargs, py::object future, std::shared_ptr<TaskSync> sync)
+      : worker_(worker),
+        pipeline_(std::move(pipeline)),
+        fn_(fn.release().ptr()),
+        args_(args.release().ptr()),
+        kwargs_(kwargs.release().ptr()),
+        future_(future.release().ptr()),
+        sync_(std::move(sync)) {}
+
+  ~PyTask() override {
+    if (fn_ == nullptr) {
+      return;
+    }
+    if (python_exiting() || !Py_IsInitialized()) {
+      return;  // leak: the interpreter is going away
+    }
+    py::gil_scoped_acquire gil;
+    drop_references();
+  }
+
+  void run() override {
+    if (!worker_take_gil()) {
+      abandon();
+      return;
+    }
+    try {
+      run_in_pipeline();
+    } catch (const std::exception& e) {
+      // Entering the pipeline failed (a stream could not be made current, say).
+      complete("set_exception", make_runtime_error(e.what()));
+    }
+    drop_references();
+    if (worker_->pending() == 0) {
+      // Nothing else to run: let go of the GIL before waking the waiter, which needs it.
+      worker_release_gil();
+    }
+    sync_->mark_done();
+    pipeline_.reset();  // may be the last reference: the slot is released
+  }
+
+  void cancel(const std::string& reason) noexcept override {
+    if (python_exiting()) {
+      abandon();
+      return;
+    }
+    {
+      py::gil_scoped_acquire gil;
+      try {
+        complete("set_exception", make_runtime_error(reason));
+      } catch (const std::exception&) {
+      }
+      drop_references();
+    }
+    sync_->mark_done();
+  }
+
+ private:
+  // With the GIL held: fn(*args, **kwargs) with the pipeline current, after its streams waited
+  // for the submitter; the end of its device work is recorded before the future completes.
+  void run_in_pipeline() {
+    PipelineGuard guard(pipeline_);
+    sync_->wait_for_submitter(*pipeline_);
+    PyObject* result = PyObject_Call(fn_, args_, kwargs_);
+    py::object outcome;
+    bool ok = result != nullptr;
+    if (ok) {
+      outcome = py::reinterpret_steal<py::object>(result);
+    } else {
+      py::error_already_set err;  // takes the Python error raised by fn
+      outcome = err.value();
+      if (PyObject_IsInstance(outcome.ptr(), PyExc_Exception) != 1) {
+        // torch futures hold Exceptions only (KeyboardInterrupt, SystemExit are not)
+        outcome = make_runtime_error(std::string("task raised ") + err.what());
+      }
+    }
+    try {
+      sync_->record_end(*pipeline_);
+    } catch (const std::exception& e) {
+      ok = false;
+      outcome = make_runtime_error(
+          std::string("torch_pipeline: could not record the end of the task's work: ") + e.what());
+    }
+    complete(ok ? "set_result" : "set_exception", outcome);
+  }
+
+  static py::object make_runtime_error(const std::string& message) {
+    return py::reinterpret_steal<py::object>(
+        PyObject_CallFunction(PyExc_RuntimeError, "s", message.c_str()));
+  }
+
+  // future.set_result(value) / set_exception(value). A failure there cannot be raised to anyone:
+  // it is written to stderr, with the task's exception if the exception could not be set.
+  void complete(const char* method, const py::object& value) {
+    py::handle future(future_);
+    try {
+      future.attr(method)(value);
+    } catch (py::error_already_set& e) {
+      try {
+        future.attr("set_exception")(e.value());
+      } catch (py::error_already_set& e2) {
+        std::cerr << "torch_pipeline: could not complete a task's future: " << e2.what()
+                  << std::endl;
+      }
+    }
+  }
+
+  void drop_references() {
+    Py_CLEAR(fn_);
+    Py_CLEAR(args_);
+    Py_CLEAR(kwargs_);
+    Py_CLEAR(future_);
+  }
+
+  // The interpreter is exiting: Python must not be touched. Leak the references.
+  void abandon() noexcept {
+    fn_ = args_ = kwargs_ = future_ = nullptr;
+    sync_->mark_done();
+  }
+
+  core::WorkerThread* const worker_;  // the worker this task is queued on
+  PipelinePtr pipeline_;
+  PyObject* fn_;
+  PyObject* args_;
+  PyObject* kwargs_;
+  PyObject* future_;
+  std::shared_ptr<TaskSync> sync_;
+};
+
+// Wait step for the tasks of `w` up to `seq`.
+auto tasks_done_step(core::WorkerThread& w, uint64_t seq) {
+  return [&w, seq](std::chrono::milliseconds timeout) { return w.wait_until_done(seq, timeout); };
+}
+
+py::list future_devices() {
+  py::list devices;
+  const auto acc = accelerator();
+  if (acc.has_value()) {
+    const c10::DeviceIndex count = device_count(*acc);
+    for (c10::DeviceIndex i = 0; i < count; ++i) {
+      devices.append(py::cast(c10::Device(*acc, i)));
+    }
+  }
+  return devices;
+}
+
+}  // namespace
+
+void set_future_class(py::object cls) {
+  TORCH_INTERNAL_ASSERT(g_future_class == nullptr, "future class set twice");
+  g_future_class = cls.release().ptr();
+}
+
+py::object submit(const PipelinePtr& p, py::object fn, py::tuple args, py::kwargs kwargs) {
+  TORCH_CHECK_TYPE(
+      PyCallable_Check(fn.ptr()), "submit() expects a callable as its first argument, got an "
+      "object of type ", Py_TYPE(fn.ptr())->tp_name);
+  TORCH_CHECK(
+      !python_exiting() &&
+          (!g_draining.load(std::memory_order_acquire) || core::WorkerThread::current_id() >= 0),
+      "torch_pipeline is shutting down (the interpreter is exiting): no new tasks are accepted");
+  p->check_usable();
+  TORCH_INTERNAL_ASSERT(g_future_class != nullptr);
+  core::WorkerThread& worker = Runtime::get().worker(p->worker_id());
+
+  py::list devices = future_devices();
+  py::object future = devices.empty()
+      ? py::reinterpret_borrow<py::object>(g_future_class)()
+      : py::reinterpret_borrow<py::object>(g_future_class)(py::arg("devices") = devices);
+  auto sync = std::make_shared<TaskSync>();
+  sync->record_submitter_position();
+  future.attr("_tp_sync") = py::cast(sync);
+
+  auto task = std::make_unique<PyTask>(&worker, p, std::move(fn), std::move(args), std::move(kwargs), future, sync);
+  p->note_task(worker.submit(std::move(task)));
+  return future;
+}
+
+void wait_task(const TaskSync& sync) {
+  wait_interruptibly([&](std::chrono::milliseconds timeout) {
+    TORCH_CHECK(
+        sync.generation() == Runtime::current_generation(),
+        "this task was submitted before os.fork(), in the parent process; it does not run in the "
+        "child, so its future never completes there");
+    return sync.wait_for(timeout);
+  });
+  sync.block_current_streams();
+}
+
+void wait_pipeline_tasks(const PipelineImpl& p) {
+  const uint64_t seq = p.last_task();
+  if (seq == 0 || core::WorkerThread::current_id() == p.worker_id()) {
+    return;
+  }
+  wait_interruptibly(tasks_done_step(Runtime::get().worker(p.worker_id()), seq));
+}
+
+bool pipeline_tasks_done(const PipelineImpl& p) {
+  const uint64_t seq = p.last_task();
+  return seq == 0 || Runtime::get().worker(p.worker_id()).completed() >= seq;
+}
+
+void wait_all_tasks() {
+  TORCH_CHECK(
+      core::WorkerThread::current_id() < 0,
+      "torch_pipeline.synchronize() waits for every worker thread, so it cannot be called from a "
+      "task (it would wait for itself); use Pipeline.synchronize() or the futures of the tasks");
+  for (core::WorkerThread* w : Runtime::get().workers()) {
+    wait_interruptibly(tasks_done_step(*w, w->submitted()));
+  }
+}
+
+size_t shutdown(double timeout_s) {
+  if (python_exiting()) {
+    return 0;
+  }
+  g_draining.store(true, std::memory_order_release);
+  using clock = std::chrono::steady_clock;
+  const bool bounded = timeout_s >= 0;
+  const auto deadline = clock::now() + std::chrono::duration_cast<clock::duration>(
+                                           std::chrono::duration<double>(bounded ? timeout_s : 0));
+  bool finished = false;
+  std::string why = "the exit timeout (TORCH_PIPELINE_EXIT_TIMEOUT) passed";
+  try {
+    // Tasks may queue more tasks while we drain: repeat until a pass finds nothing new.
+    while (!finished) {
+      finished = true;
+      for (core::WorkerThread* w : Runtime::get().workers()) {
+        const uint64_t seq = w->submitted();
+        if (w->completed() >= seq) {
+          continue;
+        }
+        finished = false;
+        wait_interruptibly([&](std::chrono::milliseconds step) {
+          if (bounded) {
+            const auto left = deadline - clock::now();
+            if (left <= clock::duration::zero()) {
+              return true;
+            }
+            step = std::min(step, std::chrono::duration_cast<std::chrono::milliseconds>(left) +
+                                      std::chrono::milliseconds(1));
+          }
+          return w->wait_until_done(seq, step);
+        });
+        if (bounded && clock::now() >= deadline) {
+          break;
+        }
+      }
+      if (bounded && clock::now() >= deadline) {
+        break;
+      }
+    }
+  } catch (py::error_already_set& e) {
+    why = std::string("waiting was interrupted (") + e.what() + ")";
+  }
+  size_t cancelled = 0;
+  size_t running = 0;
+  if (!finished) {
+    const std::string reason = "torch_pipeline: task cancelled at interpreter exit before it "
+                               "started, because " + why;
+    for (core::WorkerThread* w : Runtime::get().workers()) {
+      cancelled += w->cancel_pending(reason);
+      running += w->busy() ? 1 : 0;
+    }
+    std::cerr << "torch_pipeline: at interpreter exit, " << why << ": cancelled " << cancelled
+              << " queued task(s); " << running << " running task(s) abandoned" << std::endl;
+  }
+  set_python_exiting();
+  return cancelled;
+}
+
+}  // namespace python
+}  // namespace torch_pipeline

@@ -1,0 +1,94 @@
+#include "event.h"
+
+#include "context.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+
+namespace torch_pipeline {
+
+PipelineEvent::PipelineEvent(bool enable_timing) : enable_timing_(enable_timing) {}
+
+void PipelineEvent::record(PipelineImpl& p) {
+  const DeviceStreams lane = lane_streams(p);
+  std::vector<std::pair<c10::Device, c10::Event>> fresh;
+  fresh.reserve(lane.size());
+  for (const auto& [device, stream] : lane) {
+    fresh.emplace_back(
+        device,
+        c10::Event(
+            device.type(),
+            enable_timing_ ? c10::EventFlag::BACKEND_DEFAULT : c10::EventFlag::PYTORCH_DEFAULT));
+    fresh.back().second.record(stream);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  events_ = std::move(fresh);
+}
+
+void PipelineEvent::wait(PipelineImpl& p) const {
+  std::vector<c10::Device> devices = this->devices();
+  for (const c10::Device& d : devices) {
+    const c10::Stream s = pipeline_stream(p, d);
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [device, event] : events_) {
+      if (device == d) {
+        event.block(s);
+      }
+    }
+  }
+}
+
+bool PipelineEvent::query() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& de : events_) {
+    if (!de.second.query()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void PipelineEvent::synchronize() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& de : events_) {
+    de.second.synchronize();
+  }
+}
+
+double PipelineEvent::elapsed_time(const PipelineEvent& end, const c10::Device& device) const {
+  TORCH_CHECK_VALUE(
+      enable_timing_ && end.enable_timing_,
+      "elapsed_time needs both events created with enable_timing=True");
+  if (&end == this) {
+    TORCH_CHECK_VALUE(
+        std::find(devices().begin(), devices().end(), device) != devices().end(),
+        "elapsed_time: the event was not recorded on ", device);
+    return 0.0;
+  }
+  std::scoped_lock lock(mutex_, end.mutex_);
+  const c10::Event* a = nullptr;
+  const c10::Event* b = nullptr;
+  for (const auto& de : events_) {
+    if (de.first == device) a = &de.second;
+  }
+  for (const auto& de : end.events_) {
+    if (de.first == device) b = &de.second;
+  }
+  TORCH_CHECK_VALUE(
+      a != nullptr && b != nullptr, "elapsed_time: both events must have been recorded on ",
+      device);
+  return a->elapsedTime(*b);
+}
+
+std::vector<c10::Device> PipelineEvent::devices() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<c10::Device> out;
+  out.reserve(events_.size());
+  for (const auto& de : events_) {
+    out.push_back(de.first);
+  }
+  return out;
+}
+
+}  // namespace torch_pipeline

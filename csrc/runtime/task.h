@@ -1,0 +1,55 @@
+// The device side of a task submitted to a pipeline (DESIGN.md §3, §4 "tasks"):
+// - the submitter's position: events on the submitter's current streams, which the task's streams
+//   wait for before the task runs;
+// - the task's end: events on the task's streams, which a waiter's current streams wait for;
+// - a completion latch the submitter can wait on.
+#pragma once
+
+#include "pipeline.h"
+
+#include <c10/core/Event.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <vector>
+
+namespace torch_pipeline {
+
+class TaskSync {
+ public:
+  TaskSync();
+
+  // On the submitting thread: records events on the current streams of every accelerator device
+  // that may have pending work in this process.
+  void record_submitter_position();
+  // On the worker thread, inside the task's pipeline context: the task's streams wait for the
+  // submitter's position.
+  void wait_for_submitter(PipelineImpl& p);
+  // On the worker thread, inside the pipeline context, after the task body: records the end of
+  // the task's work on its streams.
+  void record_end(PipelineImpl& p);
+  // Marks the task done (after record_end, or without device work if it never ran).
+  void mark_done();
+  // The runtime generation the task was submitted in (see Runtime::current_generation).
+  uint64_t generation() const { return generation_; }
+
+  bool done() const;
+  // Waits until done or timeout; returns done(). Tasks are often short: it first polls for up to
+  // kSpin (a few microseconds, well under a thread wake-up) before it sleeps.
+  bool wait_for(std::chrono::milliseconds timeout) const;
+  static constexpr std::chrono::microseconds kSpin{20};
+  // After done(): the calling thread's current streams wait for the task's end.
+  void block_current_streams() const;
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::condition_variable cv_;
+  std::atomic<bool> done_{false};
+  const uint64_t generation_;
+  std::vector<std::pair<c10::Device, c10::Event>> start_;
+  std::vector<std::pair<c10::Device, c10::Event>> end_;
+};
+
+}  // namespace torch_pipeline

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Sets up everything the tests need on a fresh machine and runs them:
+#   1. the plain-C++ core under GoogleTest: plain, ASan+UBSan, TSan (tests/cpp/run_all.sh);
+#   2. a virtual environment (.venv) with the CPU build of torch and the test tools;
+#   3. torch_pipeline built into it (pip install --no-build-isolation -e .);
+#   4. pytest over tests/python (GPU-marked tests are skipped without a GPU).
+# Fails on the first failure. TORCH_VERSION (default 2.13.0) and VENV can be overridden.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
+VENV="${VENV:-.venv}"
+PYTHON="${PYTHON:-python3}"
+
+need_apt=()
+command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
+command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
+[ -f /usr/lib/x86_64-linux-gnu/libgtest.a ] || [ -f /usr/lib/aarch64-linux-gnu/libgtest.a ] \
+  || [ -f /usr/lib/libgtest.a ] || need_apt+=(libgtest-dev)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "== installing ${need_apt[*]} (apt)"
+  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+echo "== C++ core: GoogleTest (plain, ASan+UBSan, TSan)"
+bash tests/cpp/run_all.sh
+
+echo "== Python environment: $VENV with torch==$TORCH_VERSION"
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+"$VENV/bin/python" -m pip install -q "torch==$TORCH_VERSION" pytest pytest-timeout hypothesis numpy \
+  ninja setuptools wheel
+echo "== building torch_pipeline"
+"$VENV/bin/python" -m pip install -q --no-build-isolation --no-deps -e .
+"$VENV/bin/python" -c "import torch, torch_pipeline; print('torch', torch.__version__, '| torch_pipeline', torch_pipeline.__version__)"
+
+echo "== pytest"
+"$VENV/bin/python" -m pytest tests/python -p no:cacheprovider -ra "$@"

@@ -1,0 +1,84 @@
+"""Build torch_pipeline._C against the torch installed in this environment.
+
+    pip install --no-build-isolation .
+
+A CppExtension on a CPU-only torch. When torch has CUDA (``torch.version.cuda``) and a CUDA
+toolkit is found, the ``csrc/cuda`` sources are added (exclusive CUDA streams) and the extension
+is built as a CUDAExtension; no GPU is needed to build. ``TORCH_PIPELINE_CUDA=0/1`` overrides the
+choice. The build prints what it chose.
+"""
+import glob
+import os
+import sys
+
+from setuptools import find_packages, setup
+
+try:
+    import torch
+    from torch.utils import cpp_extension
+except ImportError:  # pragma: no cover - a build-time message
+    sys.exit(
+        "torch_pipeline builds against the torch of this environment: install torch first, then "
+        "`pip install --no-build-isolation .` (build isolation would fetch a second torch)"
+    )
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _sources(*patterns: str) -> list:
+    out = []
+    for pattern in patterns:
+        out += sorted(glob.glob(os.path.join("csrc", pattern)))
+    return out
+
+
+def _choose_cuda() -> tuple:
+    env = os.environ.get("TORCH_PIPELINE_CUDA")
+    torch_cuda = torch.version.cuda
+    toolkit = cpp_extension.CUDA_HOME
+    if env not in (None, "", "0", "1"):
+        sys.exit(f"TORCH_PIPELINE_CUDA must be 0 or 1, got {env!r}")
+    if env == "0":
+        return False, "disabled by TORCH_PIPELINE_CUDA=0"
+    if env == "1":
+        if torch_cuda is None:
+            sys.exit("TORCH_PIPELINE_CUDA=1 but this torch has no CUDA (torch.version.cuda is None)")
+        if toolkit is None:
+            sys.exit("TORCH_PIPELINE_CUDA=1 but no CUDA toolkit was found (set CUDA_HOME)")
+        return True, f"forced by TORCH_PIPELINE_CUDA=1 (torch CUDA {torch_cuda}, toolkit {toolkit})"
+    if torch_cuda is None:
+        return False, "this torch has no CUDA"
+    if toolkit is None:
+        return False, f"torch has CUDA {torch_cuda} but no CUDA toolkit was found (set CUDA_HOME)"
+    return True, f"torch CUDA {torch_cuda}, toolkit {toolkit}"
+
+
+with_cuda, why = _choose_cuda()
+sources = _sources("core/*.cpp", "runtime/*.cpp", "python/*.cpp")
+define_macros = []
+if with_cuda:
+    sources += _sources("cuda/*.cpp")
+    define_macros.append(("TORCH_PIPELINE_WITH_CUDA", "1"))
+    extension_class = cpp_extension.CUDAExtension
+else:
+    extension_class = cpp_extension.CppExtension
+print(
+    f"torch_pipeline: building {'with' if with_cuda else 'without'} CUDA ({why}) "
+    f"against torch {torch.__version__}",
+    flush=True,
+)
+
+extra_cxx = ["-O2", "-Wall", "-Wno-unused-parameter"]
+ext = extension_class(
+    name="torch_pipeline._C",
+    sources=sources,
+    define_macros=define_macros,
+    extra_compile_args={"cxx": extra_cxx} if with_cuda else extra_cxx,
+)
+
+setup(
+    packages=find_packages(include=["torch_pipeline", "torch_pipeline.*", "oneflow_pipeline"]),
+    package_data={"torch_pipeline": ["py.typed", "*.pyi"]},
+    ext_modules=[ext],
+    cmdclass={"build_ext": cpp_extension.BuildExtension},
+)

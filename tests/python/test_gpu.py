@@ -1,0 +1,92 @@
+"""Pipeline promises that need a CUDA GPU (skipped without one; run by scripts/gpu_check.sh).
+
+Race windows are opened with torch.cuda._sleep, calibrated once per session, so that a missing
+wait shows up as a wrong value rather than by luck.
+"""
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+import torch_pipeline as tp
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def cycles_per_ms() -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    torch.cuda._sleep(1_000_000)
+    end.record()
+    end.synchronize()
+    return 1_000_000 / start.elapsed_time(end)
+
+
+def test_live_pipelines_never_share_a_cuda_stream_beyond_the_pool_size() -> None:
+    assert tp._C._cuda_exclusive_streams(), "the CUDA build must own its streams"
+    live = [tp.Pipeline() for _ in range(40)]  # torch's pool has 32 per priority
+    streams = [p.stream("cuda:0") for p in live]
+    assert len({s.cuda_stream for s in streams}) == 40
+    assert all(s != torch.cuda.default_stream() for s in streams)
+
+
+def test_lifetime_disjoint_pipelines_reuse_the_same_stream() -> None:
+    p = tp.Pipeline()
+    s = p.stream("cuda:0")
+    del p
+    gc.collect()
+    assert tp.Pipeline().stream("cuda:0") == s
+
+
+def test_entering_a_pipeline_switches_the_current_cuda_stream() -> None:
+    p = tp.Pipeline()
+    before = torch.cuda.current_stream()
+    with p:
+        assert torch.cuda.current_stream() == p.stream()
+        assert isinstance(p.stream(), torch.cuda.Stream)
+        with tp.default_pipeline():
+            assert torch.cuda.current_stream() == before
+        assert torch.cuda.current_stream() == p.stream()
+    assert torch.cuda.current_stream() == before
+
+
+def test_future_wait_orders_the_waiter_after_the_task_stream(cycles_per_ms: float) -> None:
+    p = tp.Pipeline(1)
+    out = torch.zeros(1 << 20, device="cuda")
+
+    def produce() -> None:
+        torch.cuda._sleep(int(50 * cycles_per_ms))  # on p's stream
+        out.fill_(7.0)
+
+    p.submit(produce).wait()  # the current (default) stream now waits for p's stream
+    assert torch.all(out == 7.0).item()
+
+
+def test_task_streams_wait_for_the_submitter(cycles_per_ms: float) -> None:
+    p = tp.Pipeline(1)
+    x = torch.zeros(1 << 20, device="cuda")
+    torch.cuda._sleep(int(50 * cycles_per_ms))  # default stream busy
+    x.fill_(3.0)  # still queued on the default stream when the task starts
+    total = p.submit(lambda: x.sum()).wait()
+    assert total.item() == 3.0 * (1 << 20)
+
+
+def test_events_and_wait_pipeline_order_two_pipelines(cycles_per_ms: float) -> None:
+    a, b = tp.Pipeline(), tp.Pipeline()
+    x = torch.zeros(1 << 20, device="cuda")
+    with a:
+        torch.cuda._sleep(int(50 * cycles_per_ms))
+        x.fill_(1.0)
+    b.wait_pipeline(a)
+    with b:
+        y = x * 2
+    b.synchronize()
+    assert torch.all(y == 2.0).item()
+    ev = a.record_event(tp.PipelineEvent(enable_timing=True))
+    assert ev.devices == [torch.device("cuda", 0)]
+    ev.synchronize()
+    assert ev.query()

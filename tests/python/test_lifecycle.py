@@ -1,0 +1,382 @@
+"""Process-level lifecycle of torch_pipeline: interpreter exit, shutdown, fork and Ctrl-C.
+
+Every scenario runs in a child interpreter (``sys.executable``) with a timeout, because each one
+either ends the process or changes state that cannot be undone (the runtime's shutdown, fork).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from typing import IO
+
+import pytest
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="uses fork and POSIX signals")
+
+TIMEOUT_S = 60.0
+# Starting an interpreter and importing torch takes ~1.5 s here, more on a loaded machine; the
+# exit-time checks are measured from the end of the child's script, not from its start.
+_IMPORT_ALLOWANCE_S = 10.0
+
+
+def _child_env(**extra: str) -> dict[str, str]:
+    """The test's environment without torch_pipeline settings, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_PIPELINE_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def _run_script(
+    source: str, *, timeout: float = TIMEOUT_S, **env: str
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Runs ``source`` in a fresh interpreter; returns the result and the wall time it took."""
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(source)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_child_env(**env),
+    )
+    return proc, time.monotonic() - start
+
+
+def _start_script(source: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(source)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_child_env(**env),
+    )
+
+
+def _read_line(stream: IO[str], proc: subprocess.Popen[str]) -> str:
+    line = stream.readline()
+    if not line:
+        proc.kill()
+        _, err = proc.communicate(timeout=TIMEOUT_S)
+        pytest.fail(f"child ended before printing a line; stderr:\n{err}")
+    return line.strip()
+
+
+def _lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+# ---- interpreter exit ------------------------------------------------------------------------
+def test_exit_finishes_running_and_queued_tasks_in_order() -> None:
+    """At interpreter exit the running task and all queued tasks finish, in FIFO order."""
+    proc, _ = _run_script(
+        """
+        import time
+        import torch_pipeline as tp
+
+        p = tp.Pipeline()
+
+        def slow() -> None:
+            time.sleep(0.3)
+            print("RUNNING-DONE", flush=True)
+
+        p.submit(slow)
+        for i in range(5):
+            p.submit(print, f"QUEUED-{i}", flush=True)
+        # no wait: the script ends with one task running and five queued
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert _lines(proc.stdout) == ["RUNNING-DONE"] + [f"QUEUED-{i}" for i in range(5)]
+    assert "cancelled" not in proc.stderr
+
+
+def test_exit_timeout_cancels_queued_tasks_and_abandons_running_one() -> None:
+    """TORCH_PIPELINE_EXIT_TIMEOUT bounds the exit wait: queued tasks are cancelled, not run."""
+    proc, elapsed = _run_script(
+        """
+        import time
+        import torch_pipeline as tp
+
+        p = tp.Pipeline()
+
+        def slow() -> None:
+            time.sleep(5)
+            print("RUNNING-DONE", flush=True)
+
+        p.submit(slow)
+        for i in range(5):
+            p.submit(print, f"QUEUED-{i}", flush=True)
+        print("SCRIPT-END", time.monotonic(), flush=True)
+        """,
+        TORCH_PIPELINE_EXIT_TIMEOUT="0.2",
+    )
+    ended = time.monotonic()  # CLOCK_MONOTONIC is system-wide: comparable with the child's
+    assert proc.returncode == 0, proc.stderr
+    assert elapsed < 4.5 + _IMPORT_ALLOWANCE_S, f"the child ran {elapsed:.2f} s"
+    lines = _lines(proc.stdout)
+    assert len(lines) == 1 and lines[0].startswith("SCRIPT-END "), lines
+    exit_duration = ended - float(lines[0].split()[1])
+    assert exit_duration < 4.5, f"exit took {exit_duration:.2f} s despite a 0.2 s exit timeout"
+    assert "cancelled" in proc.stderr
+    assert "5 queued task" in proc.stderr
+    assert "abandoned" in proc.stderr
+
+
+def test_exit_timeout_cancelled_futures_raise_runtime_error() -> None:
+    """Tasks cancelled by a bounded shutdown complete their futures with a RuntimeError."""
+    proc, _ = _run_script(
+        """
+        import threading
+        import torch_pipeline as tp
+
+        p = tp.Pipeline()
+        gate = threading.Event()
+        running = p.submit(gate.wait, 30)
+        queued = [p.submit(print, f"QUEUED-{i}", flush=True) for i in range(3)]
+        cancelled = tp._C._shutdown(0.1)
+        print("CANCELLED", cancelled, flush=True)
+        for fut in queued:
+            try:
+                fut.wait()
+                print("NO-ERROR", flush=True)
+            except RuntimeError as e:
+                print("ERROR", "cancelled" in str(e), flush=True)
+        gate.set()
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert _lines(proc.stdout) == ["CANCELLED 3"] + ["ERROR True"] * 3
+
+
+def test_task_submitting_tasks_during_exit_drain_still_runs() -> None:
+    """A task running at exit may submit more tasks (and wait for them): they all run."""
+    proc, _ = _run_script(
+        """
+        import time
+        import torch_pipeline as tp
+
+        p = tp.Pipeline()
+        other = tp.Pipeline(1)
+
+        def second() -> int:
+            print("SECOND-RAN", flush=True)
+            return 7
+
+        def third() -> None:
+            print("THIRD-RAN", flush=True)
+
+        def first() -> None:
+            time.sleep(0.3)  # the main thread is in the exit handler by now
+            fut = other.submit(second)
+            print("FIRST-GOT", fut.wait(), flush=True)
+            p.submit(third)  # queued behind this task on the same worker, not waited for
+
+        p.submit(first)
+        print("MAIN-END", flush=True)
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert _lines(proc.stdout) == ["MAIN-END", "SECOND-RAN", "FIRST-GOT 7", "THIRD-RAN"]
+
+
+def test_submit_after_shutdown_raises_shutting_down() -> None:
+    """After the runtime shut down, submit() raises a RuntimeError saying it is shutting down."""
+    proc, _ = _run_script(
+        """
+        import torch_pipeline as tp
+
+        p = tp.Pipeline()
+        done = p.submit(lambda: 41 + 1)
+        tp._C._shutdown()
+        print("BEFORE", done.wait(), flush=True)
+        for target in (p, tp.Pipeline()):
+            try:
+                target.submit(lambda: 1)
+                print("ACCEPTED", flush=True)
+            except RuntimeError as e:
+                print("REFUSED", "shutting down" in str(e), flush=True)
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert _lines(proc.stdout) == ["BEFORE 42", "REFUSED True", "REFUSED True"]
+
+
+# ---- fork ------------------------------------------------------------------------------------
+def test_fork_child_gets_fresh_runtime_and_rejects_parent_objects() -> None:
+    """After fork: new Pipelines work in the child; the parent's Pipeline and unfinished futures
+    raise RuntimeError naming fork (no hang); the parent keeps working."""
+    proc, _ = _run_script(
+        """
+        import os
+        import threading
+        import torch_pipeline as tp
+
+        p = tp.Pipeline()
+        assert p.submit(lambda: 41 + 1).wait() == 42  # the worker thread exists now
+        gate = threading.Event()
+        blocked = p.submit(gate.wait, 30)  # not done at fork time
+        pid = os.fork()
+        if pid == 0:
+            ok = True
+            try:
+                q = tp.Pipeline()
+                value = q.submit(lambda a, b: a * b, 6, 7).wait()
+                print("CHILD-NEW", value, flush=True)
+                ok = ok and value == 42
+                try:
+                    p.submit(lambda: 1)
+                    print("CHILD-OLD-SUBMIT accepted", flush=True)
+                    ok = False
+                except RuntimeError as e:
+                    print("CHILD-OLD-SUBMIT", "fork" in str(e), flush=True)
+                    ok = ok and "fork" in str(e)
+                try:
+                    blocked.wait()
+                    print("CHILD-OLD-FUTURE returned", flush=True)
+                    ok = False
+                except RuntimeError as e:
+                    print("CHILD-OLD-FUTURE", "fork" in str(e), flush=True)
+                    ok = ok and "fork" in str(e)
+            except BaseException as e:
+                print("CHILD-EXCEPTION", repr(e), flush=True)
+                ok = False
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        print("CHILD-STATUS", os.waitstatus_to_exitcode(status), flush=True)
+        gate.set()
+        print("PARENT-BLOCKED", blocked.wait(), flush=True)
+        print("PARENT-AFTER", p.submit(lambda: "ok").wait(), tp.Pipeline(1).submit(len, "abc").wait(),
+              flush=True)
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert _lines(proc.stdout) == [
+        "CHILD-NEW 42",
+        "CHILD-OLD-SUBMIT True",
+        "CHILD-OLD-FUTURE True",
+        "CHILD-STATUS 0",
+        "PARENT-BLOCKED True",
+        "PARENT-AFTER ok 3",
+    ]
+
+
+def test_fork_child_normal_exit_does_not_wait_for_parent_tasks() -> None:
+    """A fork child that exits normally runs its own tasks at exit and does not wait for the
+    parent's unfinished tasks (which do not exist in the child)."""
+    proc, _ = _run_script(
+        """
+        import os
+        import sys
+        import threading
+        import time
+        import torch_pipeline as tp
+
+        p = tp.Pipeline()
+        gate = threading.Event()
+        p.submit(gate.wait, 30)
+        p.submit(print, "PARENT-QUEUED", flush=True)
+        pid = os.fork()
+        if pid == 0:
+            tp.Pipeline().submit(print, "CHILD-TASK", flush=True)
+            sys.exit(0)  # atexit drain in the child
+        start = time.monotonic()
+        _, status = os.waitpid(pid, 0)
+        print("CHILD-STATUS", os.waitstatus_to_exitcode(status), flush=True)
+        print("CHILD-QUICK", time.monotonic() - start < 20, flush=True)
+        gate.set()
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert _lines(proc.stdout) == ["CHILD-TASK", "CHILD-STATUS 0", "CHILD-QUICK True", "PARENT-QUEUED"]
+
+
+# ---- Ctrl-C ----------------------------------------------------------------------------------
+_WAIT_SCRIPT = """
+import os
+import sys
+import time
+import torch_pipeline as tp
+
+mode = sys.argv[1]
+p = tp.Pipeline()
+fut = p.submit(time.sleep, 30)
+try:
+    print("READY", flush=True)
+    if mode == "future":
+        fut.wait()
+    elif mode == "pipeline":
+        p.synchronize()
+    else:
+        tp.synchronize()
+    print("RETURNED", flush=True)
+except KeyboardInterrupt:
+    print("INTERRUPTED", flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("mode", ["future", "pipeline", "global"])
+def test_sigint_interrupts_blocking_wait(mode: str) -> None:
+    """Ctrl-C raises KeyboardInterrupt in future.wait(), Pipeline.synchronize() and
+    torch_pipeline.synchronize() while a 30 s task runs."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WAIT_SCRIPT, mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_child_env(),
+    )
+    try:
+        assert proc.stdout is not None
+        assert _read_line(proc.stdout, proc) == "READY"
+        time.sleep(0.2)  # let it block in the wait
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=5)
+        elapsed = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert _lines(out) == ["INTERRUPTED"], err
+    assert elapsed < 5
+    assert proc.returncode == 0, err
+
+
+def test_sigint_during_exit_wait_cancels_and_exits() -> None:
+    """Ctrl-C while the exit handler waits for a long task: queued tasks are cancelled, the
+    running one abandoned, the process ends promptly and says so on stderr."""
+    proc = _start_script(
+        """
+        import atexit
+        import time
+        import torch_pipeline as tp
+
+        p = tp.Pipeline()
+        p.submit(time.sleep, 30)
+        for i in range(3):
+            p.submit(print, f"QUEUED-{i}", flush=True)
+        # registered after torch_pipeline's handler, so it runs first (atexit is LIFO)
+        atexit.register(print, "EXITING", flush=True)
+        """
+    )
+    try:
+        assert proc.stdout is not None
+        assert _read_line(proc.stdout, proc) == "EXITING"
+        time.sleep(0.3)  # let the child reach torch_pipeline's exit wait
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=10)
+        elapsed = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert elapsed < 10
+    assert "cancelled 3 queued task" in err, err
+    assert "interrupted" in err
+    assert "QUEUED" not in out
