@@ -68,7 +68,7 @@ print(
     flush=True,
 )
 
-extra_cxx = ["-O2", "-Wall", "-Wno-unused-parameter"]
+extra_cxx = ["-O2", "-Wall", "-Wno-unused-parameter", "-fvisibility=hidden"]
 ext = extension_class(
     name="torch_pipeline._C",
     sources=sources,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
@@ -130,7 +129,3 @@ def _cpu_count() -> Optional[int]:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count()
-
-
-def flush() -> None:
-    sys.stdout.flush()

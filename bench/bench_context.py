@@ -121,14 +121,18 @@ def main(argv: List[str]) -> int:
     iterations = args.iterations or (20_000 if args.quick else 200_000)
     cuda = torch.cuda.is_available()
 
+    print(f"bench_context: {environment_line()}")
     p = tp.Pipeline()
     with p:  # acquires p's streams (on CUDA: its stream on the current device) before timing
         pass
-    if cuda:
-        assert p.stream("cuda") != torch.cuda.default_stream(), "p should have its own CUDA stream"
-
-    print(f"bench_context: {environment_line()}")
     print(f"pipeline: {p!r}")
+    if cuda:
+        dev = torch.device("cuda", torch.cuda.current_device())
+        own = p.stream(dev)
+        print(f"p's CUDA stream: {own} (default stream: {torch.cuda.default_stream(dev)})")
+        if own is None or own.cuda_stream == torch.cuda.default_stream(dev).cuda_stream:
+            print("WARNING: p has no CUDA stream of its own; `with p` switches nothing")
+        print(f"torch.cuda.stream(s): s = torch.cuda.Stream() on {dev}")
     print(f"{rounds} rounds x {iterations} iterations, interleaved; ns per enter+exit (loop included)")
     samples = time_rounds(make_variants(p, iterations, cuda), rounds)
     print()

@@ -39,7 +39,10 @@ every step, in order, with exactly the loss values of the naive run (same seed, 
 same numbers bit for bit), and exits with status 1 if not.
 
     python examples/async_logging.py [--steps N] [--log-latency-ms MS] [--device cpu|cuda]
-                                     [--width N] [--batch N] [--log-dir DIR] [--echo]
+                                     [--width N] [--batch N] [--threads N] [--log-dir DIR] [--echo]
+
+On the CPU the training uses CPUs - 1 intra-op threads by default (``--threads``), so that the
+logging thread has a core of its own; both runs use the same setting.
 """
 from __future__ import annotations
 
@@ -157,8 +160,9 @@ def run_pipelined(args: argparse.Namespace, device: torch.device, log_path: str)
             loss = train_step(i)
             futures.append(logger.submit(log.log_step, i, loss.detach()))  # returns at once
         t1 = time.perf_counter()
+        logger.synchronize()  # every logging task has run (and, on CUDA, its stream is idle)
         for fut in futures:
-            fut.wait()  # raises if a logging task raised
+            fut.wait()  # done already; raises if a logging task raised
         sync(device)
         t2 = time.perf_counter()
     return Result("pipelined", args.steps, t1 - t0, t2 - t0, log.records)
@@ -189,6 +193,13 @@ def check(naive: Result, piped: Result, steps: int) -> List[str]:
     return problems
 
 
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=None, help="training steps per run (default: 300 on CPU, 1000 on CUDA)")
@@ -196,11 +207,18 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         "--log-latency-ms", type=float, default=2.0, help="simulated I/O latency per log line (default 2)"
     )
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    parser.add_argument("--width", type=int, default=None, help="MLP width (default: 256 on CPU, 4096 on CUDA)")
+    parser.add_argument("--width", type=int, default=None, help="MLP width (default: 384 on CPU, 4096 on CUDA)")
     parser.add_argument("--batch", type=int, default=None, help="batch size (default: 64 on CPU, 1024 on CUDA)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-dir", default=None, help="where the two log files go (default: a temporary folder)")
     parser.add_argument("--echo", action="store_true", help="also print every log line to stdout")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads on the CPU (default: CPUs - 1, leaving a core to the logging "
+        "thread; 0: torch's default)",
+    )
     args = parser.parse_args(argv)
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -208,22 +226,29 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     if cuda and not torch.cuda.is_available():
         parser.error("--device cuda, but CUDA is not available")
     if args.steps is None:
-        args.steps = 1000 if cuda else 300
+        args.steps = 1000 if cuda else 500
     if args.width is None:
-        args.width = 4096 if cuda else 256
+        args.width = 4096 if cuda else 384
     if args.batch is None:
         args.batch = 1024 if cuda else 64
-    if args.steps < 1 or args.log_latency_ms < 0:
-        parser.error("--steps must be >= 1 and --log-latency-ms >= 0")
+    if args.threads is None:
+        args.threads = 0 if cuda else max(1, _cpu_count() - 1)
+    if args.steps < 1 or args.log_latency_ms < 0 or args.threads < 0:
+        parser.error("--steps must be >= 1, --log-latency-ms >= 0 and --threads >= 0")
     return args
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
+    if args.threads > 0:
+        # On the CPU, intra-op threads that fill every core fight the logging thread for the CPUs
+        # (and stall at their barriers whenever one of them is descheduled); both runs use this.
+        torch.set_num_threads(args.threads)
     print(
         f"async_logging: device {device}, {args.steps} steps, MLP width {args.width}, batch "
-        f"{args.batch}, log latency {args.log_latency_ms:g} ms, torch {torch.__version__}"
+        f"{args.batch}, log latency {args.log_latency_ms:g} ms, {torch.get_num_threads()} intra-op "
+        f"threads, torch {torch.__version__}"
     )
     with tempfile.TemporaryDirectory() as tmp:
         log_dir = args.log_dir or tmp

@@ -124,8 +124,8 @@ say ""
 
 # ---- build ------------------------------------------------------------------------------------
 build() {
-  echo "## pip install --no-build-isolation --no-deps -e ."
-  if "$PYTHON" -m pip install --no-build-isolation --no-deps -e . ; then
+  echo "## pip install -v --no-build-isolation --no-deps -e .   (-v: shows what setup.py chose)"
+  if "$PYTHON" -m pip install -v --no-build-isolation --no-deps -e . ; then
     :
   else
     echo "## pip editable install failed (rc=$?); falling back to setup.py build_ext --inplace"

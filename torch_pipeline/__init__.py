@@ -298,7 +298,10 @@ def _at_exit() -> None:
     have not started are cancelled (their futures raise RuntimeError) and running ones are
     abandoned; a line on stderr says so.
     """
-    _C._shutdown(_exit_timeout())
+    try:
+        _C._shutdown(_exit_timeout())
+    except KeyboardInterrupt:  # Ctrl-C before the native wait began: give up waiting at once
+        _C._shutdown(0.0)
 
 
 atexit.register(_at_exit)

@@ -44,6 +44,7 @@ WorkerThread::~WorkerThread() {
 
 uint64_t WorkerThread::submit(std::unique_ptr<Task> task) {
   if (!task) throw std::invalid_argument("torch_pipeline: submit() was given a null task");
+  uint64_t seq = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!stopping_) {
@@ -54,10 +55,13 @@ uint64_t WorkerThread::submit(std::unique_ptr<Task> task) {
         started_ = true;
       }
       queue_.push_back(std::move(task));
-      const uint64_t seq = ++submitted_;
-      work_cv_.notify_one();
-      return seq;
+      seq = ++submitted_;
     }
+  }
+  if (seq != 0) {
+    // Notified after unlocking, so that the woken worker does not block on mutex_ at once.
+    work_cv_.notify_one();
+    return seq;
   }
   // Refused. Keep the Task contract (exactly one of run()/cancel() is called), outside the lock.
   const std::string message = shut_down_message(id_);

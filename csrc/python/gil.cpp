@@ -1,14 +1,36 @@
 #include "gil.h"
 
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <exception>
+#include <thread>
 
 namespace torch_pipeline {
 namespace python {
 namespace {
 
 thread_local PyThreadState* worker_tstate = nullptr;  // this worker thread's own thread state
-thread_local bool worker_holds_gil = false;
 std::atomic<bool> exiting{false};
+std::terminate_handler previous_terminate = nullptr;
+
+// A task still running when the interpreter finalizes (abandoned after TORCH_PIPELINE_EXIT_TIMEOUT)
+// is ended by Python with pthread_exit as soon as it tries to take the GIL back. When that happens
+// inside a noexcept C++ frame (pybind11's gil_scoped_release destructor, which torch ops use), the
+// forced unwind calls std::terminate and would abort the whole process. On such a worker thread,
+// park the thread instead: it ends with the process, which exits normally.
+[[noreturn]] void terminate_handler() {
+  if (worker_tstate != nullptr && exiting.load(std::memory_order_acquire)) {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::hours(1));
+    }
+  }
+  if (previous_terminate != nullptr) {
+    previous_terminate();
+  }
+  std::abort();
+}
+thread_local bool worker_holds_gil = false;
 
 }  // namespace
 
@@ -44,6 +66,10 @@ bool python_exiting() {
 
 void set_python_exiting() {
   exiting.store(true, std::memory_order_release);
+}
+
+void install_terminate_handler() {
+  previous_terminate = std::set_terminate(&terminate_handler);
 }
 
 }  // namespace python

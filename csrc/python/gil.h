@@ -6,7 +6,7 @@
 // GIL again.
 #pragma once
 
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <chrono>
 
@@ -22,6 +22,10 @@ void worker_release_gil();
 // Set by the interpreter-exit handler once the last tasks have finished or been given up.
 bool python_exiting();
 void set_python_exiting();
+
+// Installs (once, at import) a terminate handler that parks abandoned worker threads that Python
+// ends during finalization instead of aborting the process (see gil.cpp).
+void install_terminate_handler();
 
 // Calls `step(timeout)` with the GIL released until it returns true; between steps (every
 // kPollInterval) checks for signals with the GIL held, so Ctrl-C raises KeyboardInterrupt in the

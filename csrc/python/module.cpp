@@ -9,7 +9,7 @@
 #include "../runtime/runtime.h"
 #include "../runtime/streams.h"
 
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <sstream>
 
@@ -23,14 +23,13 @@ struct WorkerThreadHandle {
   int id;
 };
 
-// `with tp.pipeline(p):` — None makes it a no-op, like torch.cuda.stream(None).
-struct PipelineContext {
-  PipelinePtr pipeline;  // may be null
-};
+// What tp.pipeline(None) returns, like torch.cuda.stream(None): a no-op.
+struct NoPipeline {};
 
 // torch_pipeline._decorate(pipeline_or_None, fn); leaked so that no destructor runs after the
 // interpreter is gone.
 py::object* g_decorate = nullptr;
+py::object* g_no_pipeline = nullptr;  // the NoPipeline instance
 
 std::string type_name(py::handle obj) {
   return Py_TYPE(obj.ptr())->tp_name;
@@ -58,15 +57,12 @@ int to_worker_id(py::handle obj) {
       PyLong_Check(obj.ptr()) && !PyBool_Check(obj.ptr()),
       "worker_thread must be a torch_pipeline.WorkerThread, an int or None, got an object of type ",
       type_name(obj));
-  const long long id = PyLong_AsLongLong(obj.ptr());
-  if (id == -1 && PyErr_Occurred()) {
-    PyErr_Clear();
-    TORCH_CHECK_VALUE(false, "worker thread id is out of range");
-  }
+  int overflow = 0;
+  const long long id = PyLong_AsLongLongAndOverflow(obj.ptr(), &overflow);
   TORCH_CHECK_VALUE(
-      id >= 0 && id <= kMaxWorkerThreadsLimit, "worker thread id ", id,
-      " is out of range: the cap is ", max_worker_threads(), " worker threads (ids 0..",
-      max_worker_threads() - 1, ")");
+      overflow == 0 && id >= 0 && id <= kMaxWorkerThreadsLimit, "worker thread id ",
+      py::str(obj).cast<std::string>(), " is out of range: the cap is ", max_worker_threads(),
+      " worker threads (ids 0..", max_worker_threads() - 1, ")");
   return static_cast<int>(id);
 }
 
@@ -126,6 +122,7 @@ PYBIND11_MODULE(_C, m) {
   });
 
   Runtime::set_idle_hook(&python::worker_release_gil);
+  python::install_terminate_handler();
 
   // ---- worker threads ----------------------------------------------------------------------
   py::class_<WorkerThreadHandle>(m, "WorkerThread", R"doc(
@@ -156,34 +153,44 @@ A long-lived worker thread of torch_pipeline's capped pool. Get one with get_wor
     const int i = to_worker_id(id);
     Runtime::get().check_worker_id(i);
     return WorkerThreadHandle{i};
-  }, py::arg("id"));
-  m.def("max_worker_threads", &max_worker_threads);
+  }, py::arg("id"), "The handle of worker thread `id` (0 <= id < max_worker_threads()).");
+  m.def("max_worker_threads", &max_worker_threads, "The worker-thread cap (default 4).");
   m.def("set_max_worker_threads", [](py::handle n) {
     TORCH_CHECK_TYPE(
         PyLong_Check(n.ptr()) && !PyBool_Check(n.ptr()),
         "set_max_worker_threads expects an int, got an object of type ", type_name(n));
-    const long long v = PyLong_AsLongLong(n.ptr());
-    if (v == -1 && PyErr_Occurred()) {
-      PyErr_Clear();
-    }
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(n.ptr(), &overflow);
     TORCH_CHECK_VALUE(
-        v >= 1 && v <= kMaxWorkerThreadsLimit, "max worker threads must be in [1, ",
+        overflow == 0 && v >= 1 && v <= kMaxWorkerThreadsLimit, "max worker threads must be in [1, ",
         kMaxWorkerThreadsLimit, "], got ", py::str(n).cast<std::string>());
     set_max_worker_threads(static_cast<int>(v));
-  }, py::arg("n"));
+  }, py::arg("n"), "Sets the worker-thread cap; only before the first Pipeline, get_worker_thread "
+     "or submit.");
 
   // ---- pipelines -----------------------------------------------------------------------------
-  py::class_<PipelineImpl, PipelinePtr>(m, "Pipeline")
+  py::class_<PipelineImpl, PipelinePtr>(m, "Pipeline", R"doc(
+A cross-device lane of streams bound to a worker thread (like torch.cuda.Stream, on every device).
+
+Pipeline(worker_thread=None, *, priority=0): worker_thread is a WorkerThread, its id, or None
+(worker thread 0); priority as for torch.cuda.Stream (lower is higher). ``id`` is the pipeline's
+slot among the live pipelines of its (worker thread, priority): lifetime-disjoint pipelines reuse
+the smallest free slot and its streams.
+
+    >>> p = torch_pipeline.Pipeline()
+    >>> with p:                      # p's streams are the current torch streams here
+    ...     y = model(x)
+    >>> fut = p.submit(torch.add, a, b)   # runs on p's worker thread, under p
+    >>> c = fut.wait()
+)doc")
       .def(py::init([](py::handle worker_thread, py::handle priority) {
         TORCH_CHECK_TYPE(
             PyLong_Check(priority.ptr()) && !PyBool_Check(priority.ptr()),
             "priority must be an int, got an object of type ", type_name(priority));
-        const long long pr = PyLong_AsLongLong(priority.ptr());
-        if (pr == -1 && PyErr_Occurred()) {
-          PyErr_Clear();
-        }
+        int overflow = 0;
+        const long long pr = PyLong_AsLongLongAndOverflow(priority.ptr(), &overflow);
         TORCH_CHECK_VALUE(
-            pr >= -1024 && pr <= 1024, "priority must be in [-1024, 1024] (lower is higher "
+            overflow == 0 && pr >= -1024 && pr <= 1024, "priority must be in [-1024, 1024] (lower is higher "
             "priority, as for torch.cuda.Stream; backends clamp it to their range), got ",
             py::str(priority).cast<std::string>());
         return Runtime::get().create_pipeline(to_worker_id(worker_thread), static_cast<int>(pr));
@@ -261,6 +268,10 @@ A long-lived worker thread of torch_pipeline's capped pool. Get one with get_wor
         exit_pipeline(&p);
         return false;
       })
+      .def("__call__", [](py::object self, py::handle fn) {
+        TORCH_INTERNAL_ASSERT(g_decorate != nullptr);
+        return (*g_decorate)(self, fn);
+      }, "Decorator: `@p` (or `@torch_pipeline.pipeline(p)`) runs the function under p.")
       .def("__eq__", [](const PipelineImpl& a, py::handle b) {
         return py::isinstance<PipelineImpl>(b) && &py::cast<const PipelineImpl&>(b) == &a;
       })
@@ -269,38 +280,49 @@ A long-lived worker thread of torch_pipeline's capped pool. Get one with get_wor
       })
       .def("__repr__", &pipeline_repr);
 
-  py::class_<PipelineContext>(m, "pipeline")
-      .def(py::init([](py::handle p) {
-        return PipelineContext{p.is_none() ? nullptr : to_pipeline(p, "torch_pipeline.pipeline()")};
-      }), py::arg("pipeline"))
-      .def("__enter__", [](PipelineContext& c) -> py::object {
-        if (!c.pipeline) {
-          return py::none();
-        }
-        enter_pipeline(c.pipeline);
-        return py::cast(c.pipeline);
+  // tp.pipeline(p) is p itself (a Pipeline is its own context manager and decorator), so that
+  // `with tp.pipeline(p):` costs no more than `with p:`; tp.pipeline(None) is a shared no-op.
+  py::class_<NoPipeline>(m, "_NoPipeline", "What torch_pipeline.pipeline(None) returns: a no-op "
+                                           "context manager and decorator.")
+      .def("__enter__", [](const NoPipeline&) { return py::none(); })
+      .def("__exit__", [](const NoPipeline&, py::handle, py::handle, py::handle) { return false; })
+      .def("__call__", [](const NoPipeline&, py::object fn) {
+        TORCH_CHECK_TYPE(
+            PyCallable_Check(fn.ptr()), "a pipeline decorator needs a callable, got ",
+            type_name(fn));
+        return fn;
       })
-      .def("__exit__", [](PipelineContext& c, py::handle, py::handle, py::handle) {
-        if (c.pipeline) {
-          exit_pipeline(c.pipeline.get());
-        }
-        return false;
-      })
-      .def("__call__", [](PipelineContext& c, py::handle fn) {
-        TORCH_INTERNAL_ASSERT(g_decorate != nullptr);
-        return (*g_decorate)(c.pipeline ? py::cast(c.pipeline) : py::none(), fn);
-      })
-      .def_property_readonly("pipeline", [](const PipelineContext& c) -> py::object {
-        return c.pipeline ? py::cast(c.pipeline) : py::none();
-      });
+      .def("__repr__", [](const NoPipeline&) { return "torch_pipeline.pipeline(None)"; });
+  g_no_pipeline = new py::object(py::cast(NoPipeline{}));
 
-  m.def("current_pipeline", &current_pipeline);
-  m.def("default_pipeline", [] { return Runtime::get().default_pipeline(); });
+  m.def("pipeline", [](py::handle p) -> py::object {
+    if (p.is_none()) {
+      return *g_no_pipeline;
+    }
+    to_pipeline(p, "torch_pipeline.pipeline()");
+    return py::reinterpret_borrow<py::object>(p);
+  }, py::arg("pipeline"), R"doc(
+Context manager and decorator that makes `pipeline` current, like torch.cuda.stream(s): returns
+the pipeline itself (a Pipeline is its own context manager); None gives a no-op.
+
+Entries nest and are undone on exit, also when the body raises.
+
+    >>> with torch_pipeline.pipeline(p):
+    ...     y = model(x)
+    >>> @torch_pipeline.pipeline(p)
+    ... def step(x): ...
+)doc");
+
+  m.def("current_pipeline", &current_pipeline,
+        "The calling thread's current pipeline (the default pipeline outside any context).");
+  m.def("default_pipeline", [] { return Runtime::get().default_pipeline(); },
+        "The default pipeline: the current torch streams outside any pipeline context, worker thread 0.");
   m.def("set_pipeline", [](py::handle p) {
     if (!p.is_none()) {
       set_pipeline(to_pipeline(p, "set_pipeline"));
     }
-  }, py::arg("pipeline"));
+  }, py::arg("pipeline"), "Makes `pipeline` current on this thread without a context to undo "
+     "(like torch.cuda.set_stream); None changes nothing.");
   m.def("synchronize", [] {
     python::wait_all_tasks();
     const auto devices = initialized_accelerator_devices();
@@ -308,10 +330,16 @@ A long-lived worker thread of torch_pipeline's capped pool. Get one with get_wor
     for (const c10::Device& d : devices) {
       c10::impl::getDeviceGuardImpl(d.type())->synchronizeDevice(d.index());
     }
-  });
+  }, "Waits for every task of every worker thread, then for every initialized accelerator device.");
 
   // ---- events --------------------------------------------------------------------------------
-  py::class_<PipelineEvent, std::shared_ptr<PipelineEvent>>(m, "PipelineEvent")
+  py::class_<PipelineEvent, std::shared_ptr<PipelineEvent>>(m, "PipelineEvent", R"doc(
+A cross-device event: record() captures a pipeline's position on each of its devices; wait()
+makes another pipeline's stream on each of those devices wait for it.
+
+    >>> e = producer.record_event()      # or torch_pipeline.PipelineEvent().record(producer)
+    >>> consumer.wait_event(e)
+)doc")
       .def(py::init([](bool enable_timing) {
         return std::make_shared<PipelineEvent>(enable_timing);
       }), py::kw_only(), py::arg("enable_timing") = false)

@@ -194,7 +194,7 @@ py::object submit(const PipelinePtr& p, py::object fn, py::tuple args, py::kwarg
   py::object future = devices.empty()
       ? py::reinterpret_borrow<py::object>(g_future_class)()
       : py::reinterpret_borrow<py::object>(g_future_class)(py::arg("devices") = devices);
-  auto sync = std::make_shared<TaskSync>();
+  auto sync = std::make_shared<TaskSync>(p->worker_id());
   sync->record_submitter_position();
   future.attr("_tp_sync") = py::cast(sync);
 
@@ -204,6 +204,16 @@ py::object submit(const PipelinePtr& p, py::object fn, py::tuple args, py::kwarg
 }
 
 void wait_task(const TaskSync& sync) {
+  if (sync.done()) {
+    sync.block_current_streams();
+    return;
+  }
+  TORCH_CHECK(
+      core::WorkerThread::current_id() != sync.worker_id(),
+      "waiting, inside a task, for a task queued on the same worker thread (", sync.worker_id(),
+      ") would wait forever: a worker thread runs its tasks one at a time, in order. Submit the "
+      "inner task to a pipeline of another worker thread, or return its future instead of "
+      "waiting for it");
   wait_interruptibly([&](std::chrono::milliseconds timeout) {
     TORCH_CHECK(
         sync.generation() == Runtime::current_generation(),

@@ -4,7 +4,7 @@
 #include "../runtime/pipeline.h"
 #include "../runtime/task.h"
 
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <memory>
 

@@ -79,9 +79,12 @@ c10::Device check_stream_device(const c10::Device& device) {
       type != c10::kCPU,
       "device 'cpu' has no streams; pass an accelerator device such as 'cuda:0'");
   TORCH_CHECK_VALUE(
-      c10::impl::hasDeviceGuardImpl(type),
-      "device type '", c10::DeviceTypeName(type, /*lower_case=*/true),
-      "' has no stream support registered with PyTorch");
+      c10::impl::hasDeviceGuardImpl(type), "device ", device, ": this PyTorch has no '",
+      c10::DeviceTypeName(type, /*lower_case=*/true), "' support (no stream implementation is "
+      "registered for it)");
+  TORCH_CHECK_VALUE(
+      at::isAccelerator(type), "device ", device, " is not an accelerator: pipelines have "
+      "streams on accelerator devices only (cuda, or a registered backend such as sim)");
   const c10::DeviceIndex count = device_count(type);
   TORCH_CHECK_VALUE(
       count > 0, "no '", c10::DeviceTypeName(type, true),

@@ -11,7 +11,8 @@
 
 namespace torch_pipeline {
 
-TaskSync::TaskSync() : generation_(Runtime::current_generation()) {}
+TaskSync::TaskSync(int worker_id)
+    : generation_(Runtime::current_generation()), worker_id_(worker_id) {}
 
 void TaskSync::record_submitter_position() {
   for (const c10::Device& d : initialized_accelerator_devices()) {

@@ -19,7 +19,8 @@ namespace torch_pipeline {
 
 class TaskSync {
  public:
-  TaskSync();
+  // `worker_id`: the worker thread the task is queued on.
+  explicit TaskSync(int worker_id);
 
   // On the submitting thread: records events on the current streams of every accelerator device
   // that may have pending work in this process.
@@ -34,6 +35,7 @@ class TaskSync {
   void mark_done();
   // The runtime generation the task was submitted in (see Runtime::current_generation).
   uint64_t generation() const { return generation_; }
+  int worker_id() const { return worker_id_; }
 
   bool done() const;
   // Waits until done or timeout; returns done(). Tasks are often short: it first polls for up to
@@ -48,6 +50,7 @@ class TaskSync {
   mutable std::condition_variable cv_;
   std::atomic<bool> done_{false};
   const uint64_t generation_;
+  const int worker_id_;
   std::vector<std::pair<c10::Device, c10::Event>> start_;
   std::vector<std::pair<c10::Device, c10::Event>> end_;
 };

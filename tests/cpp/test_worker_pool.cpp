@@ -385,6 +385,22 @@ TEST(WorkerThread, CancelPendingCancelsQueuedTasksButNotTheRunningOne) {
   EXPECT_EQ(tally.cancelled.get(), 5);
 }
 
+TEST(WorkerThread, PendingCountsQueuedTasksThatHaveNotStarted) {
+  WorkerThread w(0, {});
+  EXPECT_EQ(w.pending(), 0u);
+  Gate started, release;
+  w.submit(make_blocker(started, release, nullptr));
+  ASSERT_TRUE(started.wait());
+  EXPECT_EQ(w.pending(), 0u);  // the running task is not pending
+  Tally tally;
+  uint64_t last = 0;
+  for (int i = 0; i < 3; ++i) last = w.submit(tally.task());
+  EXPECT_EQ(w.pending(), 3u);
+  release.open();
+  ASSERT_TRUE(w.wait_until_done(last, kLong));
+  EXPECT_EQ(w.pending(), 0u);
+}
+
 TEST(WorkerThread, CancelPendingFromInsideATask) {
   WorkerThread w(0, {});
   Gate started, release;

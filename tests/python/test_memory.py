@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
 import sys
+import textwrap
+import weakref
 
 import pytest
 
@@ -65,9 +68,6 @@ def test_create_enter_exit_memory_is_flat_and_slots_are_reused() -> None:
 
 def test_fresh_process_slot_ids_are_one_or_two() -> None:
     """In a fresh interpreter the create/enter/exit loop only ever uses slot ids 1 and 2."""
-    import subprocess
-    import textwrap
-
     source = textwrap.dedent(
         """
         import torch_pipeline as tp
@@ -112,8 +112,6 @@ def test_submit_wait_memory_is_flat() -> None:
 
 def test_submitted_arguments_are_released_after_the_task() -> None:
     """A task's function and arguments are dropped once it ran: nothing keeps them alive."""
-    import weakref
-
     class Payload:
         pass
 
