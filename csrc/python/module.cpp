@@ -11,6 +11,7 @@
 
 #include <torch/csrc/utils/pybind.h>
 
+#include <optional>
 #include <sstream>
 
 namespace py = pybind11;
@@ -46,6 +47,20 @@ PipelinePtr to_pipeline_or_current(py::handle obj, const char* what) {
   return obj.is_none() ? current_pipeline() : to_pipeline(obj, what);
 }
 
+bool is_int(py::handle obj) {
+  return PyLong_Check(obj.ptr()) && !PyBool_Check(obj.ptr());  // bool is an int to Python
+}
+
+// The value of a Python int if it is in [lo, hi], else nullopt (also when it overflows).
+std::optional<long long> int_in_range(py::handle obj, long long lo, long long hi) {
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(obj.ptr(), &overflow);
+  if (overflow != 0 || v < lo || v > hi) {
+    return std::nullopt;
+  }
+  return v;
+}
+
 int to_worker_id(py::handle obj) {
   if (obj.is_none()) {
     return 0;
@@ -54,16 +69,15 @@ int to_worker_id(py::handle obj) {
     return py::cast<WorkerThreadHandle&>(obj).id;
   }
   TORCH_CHECK_TYPE(
-      PyLong_Check(obj.ptr()) && !PyBool_Check(obj.ptr()),
+      is_int(obj),
       "worker_thread must be a torch_pipeline.WorkerThread, an int or None, got an object of type ",
       type_name(obj));
-  int overflow = 0;
-  const long long id = PyLong_AsLongLongAndOverflow(obj.ptr(), &overflow);
+  const auto id = int_in_range(obj, 0, kMaxWorkerThreadsLimit);
   TORCH_CHECK_VALUE(
-      overflow == 0 && id >= 0 && id <= kMaxWorkerThreadsLimit, "worker thread id ",
-      py::str(obj).cast<std::string>(), " is out of range: the cap is ", max_worker_threads(),
-      " worker threads (ids 0..", max_worker_threads() - 1, ")");
-  return static_cast<int>(id);
+      id.has_value(), "worker thread id ", py::str(obj).cast<std::string>(),
+      " is out of range: the cap is ", max_worker_threads(), " worker threads (ids 0..",
+      max_worker_threads() - 1, ")");
+  return static_cast<int>(*id);
 }
 
 c10::Device to_device(py::handle obj) {
@@ -148,8 +162,7 @@ A long-lived worker thread of torch_pipeline's capped pool. Get one with get_wor
 
   m.def("get_worker_thread", [](py::handle id) {
     TORCH_CHECK_TYPE(
-        PyLong_Check(id.ptr()) && !PyBool_Check(id.ptr()),
-        "get_worker_thread expects an int id, got an object of type ", type_name(id));
+        is_int(id), "get_worker_thread expects an int id, got an object of type ", type_name(id));
     const int i = to_worker_id(id);
     Runtime::get().check_worker_id(i);
     return WorkerThreadHandle{i};
@@ -157,14 +170,12 @@ A long-lived worker thread of torch_pipeline's capped pool. Get one with get_wor
   m.def("max_worker_threads", &max_worker_threads, "The worker-thread cap (default 4).");
   m.def("set_max_worker_threads", [](py::handle n) {
     TORCH_CHECK_TYPE(
-        PyLong_Check(n.ptr()) && !PyBool_Check(n.ptr()),
-        "set_max_worker_threads expects an int, got an object of type ", type_name(n));
-    int overflow = 0;
-    const long long v = PyLong_AsLongLongAndOverflow(n.ptr(), &overflow);
+        is_int(n), "set_max_worker_threads expects an int, got an object of type ", type_name(n));
+    const auto v = int_in_range(n, 1, kMaxWorkerThreadsLimit);
     TORCH_CHECK_VALUE(
-        overflow == 0 && v >= 1 && v <= kMaxWorkerThreadsLimit, "max worker threads must be in [1, ",
-        kMaxWorkerThreadsLimit, "], got ", py::str(n).cast<std::string>());
-    set_max_worker_threads(static_cast<int>(v));
+        v.has_value(), "max worker threads must be in [1, ", kMaxWorkerThreadsLimit, "], got ",
+        py::str(n).cast<std::string>());
+    set_max_worker_threads(static_cast<int>(*v));
   }, py::arg("n"), "Sets the worker-thread cap; only before the first Pipeline, get_worker_thread "
      "or submit.");
 
@@ -185,15 +196,14 @@ the smallest free slot and its streams.
 )doc")
       .def(py::init([](py::handle worker_thread, py::handle priority) {
         TORCH_CHECK_TYPE(
-            PyLong_Check(priority.ptr()) && !PyBool_Check(priority.ptr()),
-            "priority must be an int, got an object of type ", type_name(priority));
-        int overflow = 0;
-        const long long pr = PyLong_AsLongLongAndOverflow(priority.ptr(), &overflow);
+            is_int(priority), "priority must be an int, got an object of type ",
+            type_name(priority));
+        const auto pr = int_in_range(priority, -1024, 1024);
         TORCH_CHECK_VALUE(
-            overflow == 0 && pr >= -1024 && pr <= 1024, "priority must be in [-1024, 1024] (lower is higher "
+            pr.has_value(), "priority must be in [-1024, 1024] (lower is higher "
             "priority, as for torch.cuda.Stream; backends clamp it to their range), got ",
             py::str(priority).cast<std::string>());
-        return Runtime::get().create_pipeline(to_worker_id(worker_thread), static_cast<int>(pr));
+        return Runtime::get().create_pipeline(to_worker_id(worker_thread), static_cast<int>(*pr));
       }), py::arg("worker_thread") = py::none(), py::kw_only(), py::arg("priority") = 0)
       .def_property_readonly("id", &PipelineImpl::id)
       .def_property_readonly("worker_thread", [](const PipelineImpl& p) {
