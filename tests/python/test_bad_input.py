@@ -119,12 +119,16 @@ BAD_INPUTS: list[BadInput] = [
 
 if _cuda_device_count() < 8:  # cuda:7 does not exist
     BAD_INPUTS.append(
-        BadInput("stream('cuda:7')", lambda p: p.stream("cuda:7"), ValueError, r"device type 'cuda'")
+        BadInput("stream('cuda:7')", lambda p: p.stream("cuda:7"), ValueError, r"device cuda:7")
     )
     BAD_INPUTS.append(
         BadInput("default.stream('cuda:7')",
-                 lambda p: tp.default_pipeline().stream("cuda:7"), ValueError, r"device type 'cuda'")
+                 lambda p: tp.default_pipeline().stream("cuda:7"), ValueError, r"device cuda:7")
     )
+BAD_INPUTS.append(
+    BadInput("stream('meta')", lambda p: p.stream("meta"), ValueError,
+             r"device meta is not an accelerator")
+)
 if not torch.cuda.is_available():
     BAD_INPUTS.append(
         BadInput("stream(5)", lambda p: p.stream(5), ValueError,
