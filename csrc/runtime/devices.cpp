@@ -87,7 +87,7 @@ c10::Device check_stream_device(const c10::Device& device) {
       "streams on accelerator devices only (cuda, or a registered backend such as sim)");
   const c10::DeviceIndex count = device_count(type);
   TORCH_CHECK_VALUE(
-      count > 0, "no '", c10::DeviceTypeName(type, true),
+      count > 0, "device ", device, " does not exist: no '", c10::DeviceTypeName(type, true),
       "' device is available in this process");
   c10::Device resolved = device.has_index() ? device : current_device(type);
   TORCH_CHECK_VALUE(
