@@ -32,7 +32,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
-"$VENV/bin/python" -m pip install -q "torch==$TORCH_VERSION" pytest pytest-timeout hypothesis numpy \
+"$VENV/bin/python" -m pip install -q "torch==$TORCH_VERSION" pytest pytest-timeout hypothesis numpy expecttest \
   ninja setuptools wheel
 echo "== building torch_pipeline"
 "$VENV/bin/python" -m pip install -q --no-build-isolation --no-deps -e .

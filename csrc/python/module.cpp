@@ -1,6 +1,7 @@
 // torch_pipeline._C: the Python bindings. Only argument checking and conversion live here; the
 // behaviour is in csrc/runtime (and csrc/python/tasks.cpp for Python tasks).
 #include "gil.h"
+#include "sim_bindings.h"
 #include "tasks.h"
 
 #include "../runtime/context.h"
@@ -398,4 +399,5 @@ makes another pipeline's stream on each of those devices wait for it.
   });
   m.def("_generation", &Runtime::current_generation);
   m.def("_cuda_exclusive_streams", [] { return has_exclusive_streams(c10::kCUDA); });
+  python::init_sim_bindings(m);
 }

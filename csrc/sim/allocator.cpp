@@ -1,0 +1,367 @@
+#include "allocator.h"
+
+#include "state.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <unordered_set>
+
+namespace torch_pipeline {
+namespace sim {
+namespace {
+
+constexpr c10::DeviceType kSim = c10::DeviceType::PrivateUse1;
+constexpr size_t kAlignment = 512;  // CUDA's minimum block size
+constexpr size_t kAggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+
+thread_local std::vector<Access>* tls_reuse_sink = nullptr;
+
+struct Block {
+  void* ptr = nullptr;
+  size_t size = 0;
+  c10::DeviceIndex device = 0;
+  c10::StreamId stream = 0;          // the stream it was allocated on (its pool)
+  std::vector<Timeline> uses;        // other streams it was recorded on (record_stream)
+  bool allocated = false;
+};
+
+// A freed block held back until the uses recorded on other streams complete.
+struct Pending {
+  Block* block;
+  std::vector<VectorClock> clocks;  // each recorded stream's clock when the block was freed
+};
+
+void free_block(void* ctx);
+
+size_t round_up(size_t n) {
+  return (n + kAlignment - 1) / kAlignment * kAlignment;
+}
+
+class SimAllocator final : public c10::DeviceAllocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    const c10::DeviceIndex d = check_device(-1);
+    const c10::Device device(kSim, d);
+    if (n == 0) {
+      return c10::DataPtr(nullptr, device);
+    }
+    const c10::Stream stream = current_stream(d);
+    const Timeline t = State::get().timeline(stream);
+    const size_t size = round_up(n);
+    Block* block = nullptr;
+    bool reused = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      process_pending_locked(d);
+      auto& pool = pools_[{d, stream.id()}];
+      // Best fit by size; among blocks of that size the most recently freed one.
+      auto it = pool.lower_bound(size);
+      if (it != pool.end() && it->first <= 2 * size) {
+        block = it->second.back();
+        it->second.pop_back();
+        if (it->second.empty()) {
+          pool.erase(it);
+        }
+        reused = true;
+      } else {
+        void* ptr = std::aligned_alloc(kAlignment, size);
+        if (ptr == nullptr) {
+          TORCH_CHECK_WITH(
+              OutOfMemoryError, false, "sim:", static_cast<int>(d), ": out of host memory "
+              "allocating ", size, " bytes");
+        }
+        block = new Block();
+        block->ptr = ptr;
+        block->size = size;
+        block->device = d;
+        block->stream = stream.id();
+        blocks_.emplace(reinterpret_cast<uintptr_t>(ptr), block);
+        stats_[static_cast<size_t>(d)].reserved_bytes[kAggregate].increase(size);
+        stats_[static_cast<size_t>(d)].segment[kAggregate].increase(1);
+      }
+      block->allocated = true;
+      block->uses.clear();
+      auto& stats = stats_[static_cast<size_t>(d)];
+      stats.allocated_bytes[kAggregate].increase(block->size);
+      stats.allocation[kAggregate].increase(1);
+      stats.active_bytes[kAggregate].increase(block->size);
+      stats.requested_bytes[kAggregate].increase(n);
+      block_requested_[block] = n;
+    }
+    c10::DataPtr data_ptr(block->ptr, block, &free_block, device);
+    if (reused) {
+      // If strict mode throws here, data_ptr gives the block back to its pool.
+      report_reuse(*block, t, stream);
+    }
+    return data_ptr;
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override {
+    return nullptr;  // the deleter needs the block, not the pointer
+  }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+
+  bool initialized() override {
+    return State::get().num_devices() > 0;
+  }
+
+  void emptyCache(c10::MempoolId_t) override {
+    // Cached blocks are kept: giving them back would hide reuse, which the checker must see.
+  }
+
+  void recordStream(const c10::DataPtr& data_ptr, c10::Stream stream) override {
+    if (data_ptr.get_deleter() != &free_block || data_ptr.get_context() == nullptr) {
+      return;  // not a block of this allocator (e.g. an empty tensor)
+    }
+    auto* block = static_cast<Block*>(data_ptr.get_context());
+    const Timeline t = State::get().timeline(stream);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stream.device_index() == block->device && stream.id() == block->stream) {
+      return;  // its own stream: ordered anyway
+    }
+    if (std::find(block->uses.begin(), block->uses.end(), t) == block->uses.end()) {
+      block->uses.push_back(t);
+    }
+  }
+
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex d) override {
+    d = check_device(d);
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_[static_cast<size_t>(d)];
+  }
+
+  void resetAccumulatedStats(c10::DeviceIndex d) override {
+    d = check_device(d);
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& s = stats_[static_cast<size_t>(d)];
+    for (auto* array : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes,
+                        &s.reserved_bytes, &s.active_bytes, &s.requested_bytes}) {
+      for (auto& stat : *array) {
+        stat.reset_accumulated();
+      }
+    }
+  }
+
+  void resetPeakStats(c10::DeviceIndex d) override {
+    d = check_device(d);
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& s = stats_[static_cast<size_t>(d)];
+    for (auto* array : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes,
+                        &s.reserved_bytes, &s.active_bytes, &s.requested_bytes}) {
+      for (auto& stat : *array) {
+        stat.reset_peak();
+      }
+    }
+  }
+
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex d) override {
+    d = check_device(d);
+    constexpr size_t kTotal = size_t{64} << 30;  // a nominal 64 GiB device
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto used = static_cast<size_t>(
+        stats_[static_cast<size_t>(d)].reserved_bytes[kAggregate].current);
+    return {used < kTotal ? kTotal - used : 0, kTotal};
+  }
+
+  void free(Block* block) {
+    // Runs in a deleter: never throws. The checker's snapshot() only throws for unknown
+    // timelines, which the uses cannot be.
+    std::lock_guard<std::mutex> lock(mutex_);
+    block->allocated = false;
+    auto& stats = stats_[static_cast<size_t>(block->device)];
+    stats.allocated_bytes[kAggregate].decrease(block->size);
+    stats.allocation[kAggregate].decrease(1);
+    stats.active_bytes[kAggregate].decrease(block->size);
+    auto req = block_requested_.find(block);
+    if (req != block_requested_.end()) {
+      stats.requested_bytes[kAggregate].decrease(req->second);
+      block_requested_.erase(req);
+    }
+    if (block->uses.empty()) {
+      pools_[{block->device, block->stream}][block->size].push_back(block);
+      return;
+    }
+    Pending pending{block, {}};
+    try {
+      for (Timeline t : block->uses) {
+        pending.clocks.push_back(State::get().checker().snapshot(t));
+      }
+    } catch (...) {
+    }
+    block->uses.clear();
+    pending_.push_back(std::move(pending));
+  }
+
+  std::optional<c10::DeviceIndex> device_of(const void* ptr) {
+    const auto p = reinterpret_cast<uintptr_t>(ptr);
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = blocks_.upper_bound(p);
+    if (it == blocks_.begin()) {
+      return std::nullopt;
+    }
+    --it;
+    if (p >= it->first + it->second->size) {
+      return std::nullopt;
+    }
+    return it->second->device;
+  }
+
+ private:
+  // "process_events": the uses recorded on other streams are queried, reported complete (the
+  // host clock joins them), and the blocks go back to their pools.
+  void process_pending_locked(c10::DeviceIndex d) {
+    if (pending_.empty()) {
+      return;
+    }
+    auto& checker = State::get().checker();
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->block->device != d) {
+        ++it;
+        continue;
+      }
+      for (const VectorClock& clock : it->clocks) {
+        checker.join(kHost, clock);
+      }
+      pools_[{d, it->block->stream}][it->block->size].push_back(it->block);
+      it = pending_.erase(it);
+    }
+  }
+
+  void report_reuse(const Block& block, Timeline t, const c10::Stream& stream) {
+    Access access;
+    access.begin = reinterpret_cast<uintptr_t>(block.ptr);
+    access.end = access.begin + block.size;
+    access.write = true;
+    const std::string& label = State::get().label(stream);
+    access.memory = describe_storage(block.device, block.ptr, block.size) +
+                    ", a cached block reused on " + label;
+    if (tls_reuse_sink != nullptr) {
+      tls_reuse_sink->push_back(std::move(access));
+      return;
+    }
+    record(t, "allocation (reuses a block freed on " + label + ")", {std::move(access)});
+  }
+
+  std::mutex mutex_;
+  // (device, stream) -> block size -> free blocks of that size, most recently freed last
+  std::map<std::pair<c10::DeviceIndex, c10::StreamId>, std::map<size_t, std::vector<Block*>>> pools_;
+  std::vector<Pending> pending_;
+  std::map<uintptr_t, Block*> blocks_;  // every block ever made, by address
+  std::map<const Block*, size_t> block_requested_;
+  std::array<c10::CachingDeviceAllocator::DeviceStats, kMaxDevices> stats_;
+};
+
+SimAllocator& the_allocator() {
+  static SimAllocator* a = new SimAllocator();  // leaked: deleters may run at exit
+  return *a;
+}
+
+void free_block(void* ctx) {
+  the_allocator().free(static_cast<Block*>(ctx));
+}
+
+// ---- pinned host memory ----------------------------------------------------------------------
+std::mutex g_pinned_mutex;
+std::map<uintptr_t, size_t>* g_pinned = new std::map<uintptr_t, size_t>();
+
+void free_pinned(void* ptr) {
+  size_t n = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_pinned_mutex);
+    auto it = g_pinned->find(reinterpret_cast<uintptr_t>(ptr));
+    if (it != g_pinned->end()) {
+      n = it->second;
+      g_pinned->erase(it);
+    }
+  }
+  if (n > 0) {
+    // Given back to the system: what async copies did to it is history.
+    const auto p = reinterpret_cast<uintptr_t>(ptr);
+    State::get().checker().forget(p, p + n);
+  }
+  std::free(ptr);
+}
+
+class PinnedAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    if (n == 0) {
+      return c10::DataPtr(nullptr, c10::Device(c10::kCPU));
+    }
+    void* ptr = std::aligned_alloc(64, (n + 63) / 64 * 64);
+    TORCH_CHECK_WITH(OutOfMemoryError, ptr != nullptr, "out of pinned host memory (", n, " bytes)");
+    {
+      std::lock_guard<std::mutex> lock(g_pinned_mutex);
+      g_pinned->emplace(reinterpret_cast<uintptr_t>(ptr), n);
+    }
+    return c10::DataPtr(ptr, ptr, &free_pinned, c10::Device(c10::kCPU));
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &free_pinned;
+  }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+};
+
+}  // namespace
+
+c10::DeviceAllocator* device_allocator() {
+  return &the_allocator();
+}
+
+void record_stream(const c10::DataPtr& data_ptr, const c10::Stream& stream) {
+  the_allocator().recordStream(data_ptr, stream);
+}
+
+bool is_block(const c10::DataPtr& data_ptr) {
+  return data_ptr.get_deleter() == &free_block && data_ptr.get_context() != nullptr;
+}
+
+std::optional<c10::DeviceIndex> device_of(const void* ptr) {
+  return the_allocator().device_of(ptr);
+}
+
+c10::Allocator* pinned_allocator() {
+  static PinnedAllocator* a = new PinnedAllocator();
+  return a;
+}
+
+bool is_pinned(const void* ptr) {
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard<std::mutex> lock(g_pinned_mutex);
+  auto it = g_pinned->upper_bound(p);
+  if (it == g_pinned->begin()) {
+    return false;
+  }
+  --it;
+  return p < it->first + std::max<size_t>(it->second, 1);
+}
+
+DeferReuseReports::DeferReuseReports(std::vector<Access>* sink) : previous_(tls_reuse_sink) {
+  tls_reuse_sink = sink;
+}
+
+DeferReuseReports::~DeferReuseReports() {
+  tls_reuse_sink = previous_;
+}
+
+c10::DataPtr retag(c10::DataPtr&& data_ptr, c10::Device device) {
+  void* data = data_ptr.get();
+  auto ctx = data_ptr.move_context();
+  c10::DeleterFnPtr deleter = ctx.get_deleter();
+  return c10::DataPtr(data, ctx.release(), deleter, device);
+}
+
+}  // namespace sim
+}  // namespace torch_pipeline

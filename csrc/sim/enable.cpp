@@ -1,0 +1,134 @@
+// enable(): registers the sim backend with c10, ATen and the dispatcher, once per process.
+#include "allocator.h"
+#include "kernels.h"
+#include "sim.h"
+#include "state.h"
+
+#include "../runtime/streams.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <cstring>
+#include <mutex>
+
+namespace torch_pipeline {
+namespace sim {
+namespace {
+
+constexpr c10::DeviceType kSim = c10::DeviceType::PrivateUse1;
+
+struct SimHooks final : public at::PrivateUse1HooksInterface {
+  bool isBuilt() const override {
+    return true;
+  }
+
+  bool isAvailable() const override {
+    return State::get().num_devices() > 0;
+  }
+
+  // Random ops run their CPU kernels, which draw from the CPU generator.
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override {
+    return at::detail::getDefaultCPUGenerator();
+  }
+
+  at::Generator getNewGenerator(c10::DeviceIndex) const override {
+    return at::detail::createCPUGenerator();
+  }
+
+  at::Device getDeviceFromPtr(void* data) const override {
+    const auto d = device_of(data);
+    return c10::Device(kSim, d.has_value() ? *d : current_device());
+  }
+
+  bool isPinnedPtr(const void* data) const override {
+    return is_pinned(data);
+  }
+
+  at::Allocator* getPinnedMemoryAllocator() const override {
+    return pinned_allocator();
+  }
+
+  bool hasPrimaryContext(c10::DeviceIndex device_index) const override {
+    return device_index >= 0 && device_index < State::get().num_devices();
+  }
+
+  void init() const override {}
+
+  c10::DeviceIndex deviceCount() const override {
+    return static_cast<c10::DeviceIndex>(State::get().num_devices());
+  }
+
+  void setCurrentDevice(c10::DeviceIndex device) const override {
+    set_current_device(check_device(device));
+  }
+
+  c10::DeviceIndex getCurrentDevice() const override {
+    return current_device();
+  }
+
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex device) const override {
+    const c10::DeviceIndex old = current_device();
+    set_current_device(check_device(device));
+    return old;
+  }
+
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex device) const override {
+    return exchangeDevice(device);
+  }
+
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+    TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
+    DeviceScope scope(check_device(storage.device().index()));
+    c10::DataPtr fresh = device_allocator()->allocate(newsize);
+    const size_t keep = std::min(newsize, impl->nbytes());
+    if (keep > 0) {
+      std::memcpy(fresh.get(), impl->data(), keep);
+    }
+    impl->set_data_ptr_noswap(std::move(fresh));
+    impl->set_nbytes(newsize);
+  }
+};
+
+}  // namespace
+
+void enable(int n, bool strict) {
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  State& st = State::get();
+  const int have = st.num_devices();
+  if (have > 0) {
+    TORCH_CHECK_VALUE(
+        n == have, "torch_pipeline.sim is already enabled with num_devices=", have,
+        "; enable(num_devices=", n, ") cannot change it (the device count is fixed for the "
+        "process)");
+    st.set_strict(strict);
+    return;
+  }
+  TORCH_CHECK_VALUE(
+      n >= 1 && n <= kMaxDevices, "num_devices must be in [1, ", kMaxDevices, "], got ", n);
+  TORCH_CHECK(
+      !c10::impl::hasDeviceGuardImpl(kSim), "cannot enable torch_pipeline.sim: another backend "
+      "already registered a device guard for PrivateUse1 in this process");
+  TORCH_CHECK(
+      !at::isPrivateUse1HooksRegistered(), "cannot enable torch_pipeline.sim: another backend "
+      "already registered PrivateUse1 hooks in this process");
+
+  st.set_strict(strict);
+  st.init_devices(n);
+  c10::impl::registerDeviceGuard(kSim, make_guard_impl());
+  c10::SetAllocator(kSim, device_allocator());
+  at::RegisterPrivateUse1HooksInterface(new SimHooks());
+  register_kernels();
+  // Every getNewStream is a fresh stream: pipelines never share one.
+  register_exclusive_stream_factory(kSim, [](c10::Device device, int priority) {
+    return State::get().new_stream(device.index(), priority);
+  });
+}
+
+}  // namespace sim
+}  // namespace torch_pipeline

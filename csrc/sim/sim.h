@@ -1,0 +1,56 @@
+// The sim device (DESIGN.md §5): PyTorch's PrivateUse1 backend, renamed "sim" by the Python layer,
+// with host memory, a CUDA-like caching allocator, logical streams and events, eager CPU kernels
+// and a race checker (race_checker.h) that sees every access of every op.
+//
+// Nothing is registered with PyTorch until enable() runs. This header is what the bindings use.
+#pragma once
+
+#include "race_checker.h"
+
+#include <c10/core/Stream.h>
+#include <c10/util/Exception.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace torch_pipeline {
+namespace sim {
+
+// Registers the sim backend with c10 and the dispatcher (guard, allocator, hooks, kernels) and
+// makes `num_devices` devices. Idempotent; a second call with another count is a ValueError. A
+// second call sets the strict flag. Throws RuntimeError when PrivateUse1 is taken by another
+// backend.
+void enable(int num_devices, bool strict);
+bool enabled();
+int num_devices();
+
+// Races detected since the last clear_races().
+std::vector<Race> races();
+void clear_races();
+// Strict mode: the racing op throws (before its kernel runs, where the race is seen then).
+void set_strict(bool strict);
+bool strict();
+
+// Waits for (joins into the host clock) every stream of `device`, or of every device when -1.
+void synchronize(int device);
+
+// Streams, as the DeviceGuardImpl gives them (for tests and tools): a stream of the pool of 32 per
+// priority (round robin, like CUDA's), and a stream's priority and race-report label.
+c10::Stream stream_from_pool(int device, bool high_priority);
+int stream_priority(const c10::Stream& stream);
+std::string stream_label(const c10::Stream& stream);
+
+// Number of access records the checker keeps (for tests).
+size_t history_size();
+
+// What a racing op throws in strict mode, unless the bindings install a thrower of their own
+// (they throw an exception that Python sees as torch_pipeline.sim.RaceError).
+class RaceError : public c10::Error {
+  using c10::Error::Error;
+};
+using RaceThrower = void (*)(const std::string& message);
+void set_race_thrower(RaceThrower thrower);
+
+}  // namespace sim
+}  // namespace torch_pipeline

@@ -1,0 +1,405 @@
+// Devices, streams, events and the DeviceGuardImpl of the sim device. Execution is eager: an op
+// "on a stream" runs at once on the CPU; a stream is a race checker timeline, and stream/event
+// operations only move vector clocks (race_checker.h).
+#include "allocator.h"
+#include "host.h"
+#include "state.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+namespace torch_pipeline {
+namespace sim {
+namespace {
+
+constexpr c10::DeviceType kSim = c10::DeviceType::PrivateUse1;
+
+thread_local c10::DeviceIndex tls_device = 0;
+thread_local std::array<c10::StreamId, kMaxDevices> tls_streams{};  // 0: the default stream
+
+std::atomic<RaceThrower> g_thrower{nullptr};
+
+int clamp_priority(int priority) {
+  return std::min(kLowestPriority, std::max(kHighestPriority, priority));
+}
+
+std::string device_name(c10::DeviceIndex d) {
+  return "sim:" + std::to_string(static_cast<int>(d));
+}
+
+}  // namespace
+
+// ---- state ---------------------------------------------------------------------------------
+State& State::get() {
+  static State* state = new State();
+  return *state;
+}
+
+void State::init_devices(int n) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_INTERNAL_ASSERT(num_devices_.load() == 0);
+  for (int d = 0; d < n; ++d) {
+    add_stream_locked(static_cast<c10::DeviceIndex>(d), 0, "default");
+  }
+  num_devices_.store(n, std::memory_order_release);
+}
+
+c10::Stream State::add_stream_locked(c10::DeviceIndex d, int priority, const char* kind) {
+  auto& dev = devices_[static_cast<size_t>(d)];
+  const auto id = static_cast<c10::StreamId>(dev.streams.size());
+  std::string label = device_name(d) + " stream " + std::to_string(id) + " (" + kind;
+  if (priority != 0) {
+    label += ", priority " + std::to_string(priority);
+  }
+  label += ")";
+  const Timeline t = checker_.add_timeline(label);
+  dev.streams.push_back(StreamInfo{t, priority, std::move(label)});
+  return c10::Stream(c10::Stream::UNSAFE, c10::Device(kSim, d), id);
+}
+
+const State::StreamInfo& State::info_locked(const c10::Stream& s) {
+  TORCH_CHECK_VALUE(
+      s.device_type() == kSim, "expected a sim stream, got a stream of device ", s.device());
+  const c10::DeviceIndex d = s.device_index();
+  TORCH_CHECK_VALUE(
+      d >= 0 && d < num_devices(), "stream of device sim:", static_cast<int>(d),
+      ", which does not exist (", num_devices(), " sim devices)");
+  const auto& streams = devices_[static_cast<size_t>(d)].streams;
+  TORCH_CHECK_VALUE(
+      s.id() >= 0 && static_cast<size_t>(s.id()) < streams.size(), "sim:", static_cast<int>(d),
+      " has no stream with id ", s.id(), " (streams come from torch.Stream(), the pool, or ",
+      "torch.accelerator.current_stream())");
+  return streams[static_cast<size_t>(s.id())];
+}
+
+Timeline State::timeline(const c10::Stream& s) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return info_locked(s).timeline;
+}
+
+int State::priority(const c10::Stream& s) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return info_locked(s).priority;
+}
+
+const std::string& State::label(const c10::Stream& s) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return info_locked(s).label;  // deque elements never move
+}
+
+c10::Stream State::new_stream(c10::DeviceIndex d, int priority) {
+  d = check_device(d);
+  std::lock_guard<std::mutex> lock(mutex_);
+  return add_stream_locked(d, clamp_priority(priority), "new");
+}
+
+c10::Stream State::pool_stream(c10::DeviceIndex d, bool high_priority) {
+  d = check_device(d);
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& dev = devices_[static_cast<size_t>(d)];
+  const size_t k = high_priority ? 1 : 0;
+  auto& pool = dev.pool[k];
+  const uint32_t i = dev.next[k]++ % kStreamsPerPool;
+  if (i >= pool.size()) {
+    pool.push_back(add_stream_locked(d, high_priority ? kHighestPriority : 0, "pool").id());
+  }
+  return c10::Stream(c10::Stream::UNSAFE, c10::Device(kSim, d), pool[i]);
+}
+
+std::vector<Timeline> State::device_timelines(c10::DeviceIndex d) {
+  d = check_device(d);
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Timeline> out;
+  for (const auto& s : devices_[static_cast<size_t>(d)].streams) {
+    out.push_back(s.timeline);
+  }
+  return out;
+}
+
+// ---- thread-local current device and streams -----------------------------------------------
+c10::DeviceIndex check_device(c10::DeviceIndex d) {
+  const int n = State::get().num_devices();
+  TORCH_CHECK(n > 0, "the sim device is not enabled: call torch_pipeline.sim.enable() first");
+  if (d < 0) {
+    return tls_device;
+  }
+  TORCH_CHECK_VALUE(
+      d < n, "device sim:", static_cast<int>(d), " does not exist: sim was enabled with ", n,
+      " device(s) (sim:0..sim:", n - 1, ")");
+  return d;
+}
+
+c10::DeviceIndex current_device() {
+  return tls_device;
+}
+
+void set_current_device(c10::DeviceIndex d) {
+  tls_device = d;
+}
+
+c10::Stream current_stream(c10::DeviceIndex d) {
+  d = check_device(d);
+  return c10::Stream(c10::Stream::UNSAFE, c10::Device(kSim, d), tls_streams[static_cast<size_t>(d)]);
+}
+
+c10::Stream exchange_stream(const c10::Stream& s) {
+  State::get().timeline(s);  // validates
+  const c10::DeviceIndex d = s.device_index();
+  const c10::Stream previous = current_stream(d);
+  tls_streams[static_cast<size_t>(d)] = s.id();
+  return previous;
+}
+
+Timeline current_timeline(c10::DeviceIndex d) {
+  return State::get().timeline(current_stream(d));
+}
+
+// ---- recording -----------------------------------------------------------------------------
+void set_race_thrower(RaceThrower thrower) {
+  g_thrower.store(thrower);
+}
+
+void throw_races(const std::vector<Race>& races) {
+  std::string msg = "torch_pipeline.sim (strict mode): " + races.front().to_string();
+  if (races.size() > 1) {
+    msg += " (and " + std::to_string(races.size() - 1) + " more race(s) of the same op)";
+  }
+  if (RaceThrower thrower = g_thrower.load()) {
+    thrower(msg);
+  }
+  throw RaceError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, msg);
+}
+
+void record(Timeline t, const std::string& op, const std::vector<Access>& accesses) {
+  State& st = State::get();
+  std::vector<Race> found = st.checker().record_op(t, op, accesses);
+  if (!found.empty() && st.strict()) {
+    throw_races(found);
+  }
+}
+
+void host_sync(Timeline t) {
+  State::get().checker().join_timeline(kHost, t);
+  prune_async_host_accesses();
+}
+
+void host_join(const VectorClock& clock) {
+  State::get().checker().join(kHost, clock);
+  prune_async_host_accesses();
+}
+
+std::string describe_storage(c10::DeviceIndex d, const void* base, size_t nbytes) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof(buffer), " storage %p (%zu bytes)", base, nbytes);
+  return device_name(d) + buffer;
+}
+
+// ---- public API (sim.h) ------------------------------------------------------------------
+bool enabled() {
+  return State::get().num_devices() > 0;
+}
+
+int num_devices() {
+  return State::get().num_devices();
+}
+
+std::vector<Race> races() {
+  return State::get().checker().races();
+}
+
+void clear_races() {
+  State::get().checker().clear_races();
+}
+
+void set_strict(bool s) {
+  State::get().set_strict(s);
+}
+
+bool strict() {
+  return State::get().strict();
+}
+
+c10::Stream stream_from_pool(int device, bool high_priority) {
+  return State::get().pool_stream(static_cast<c10::DeviceIndex>(device), high_priority);
+}
+
+int stream_priority(const c10::Stream& stream) {
+  return State::get().priority(stream);
+}
+
+std::string stream_label(const c10::Stream& stream) {
+  return State::get().label(stream);
+}
+
+size_t history_size() {
+  return State::get().checker().history_size();
+}
+
+void synchronize(int device) {
+  State& st = State::get();
+  const int n = st.num_devices();
+  TORCH_CHECK(n > 0, "the sim device is not enabled: call torch_pipeline.sim.enable() first");
+  if (device >= 0) {
+    check_device(static_cast<c10::DeviceIndex>(device));
+  }
+  for (int d = 0; d < n; ++d) {
+    if (device >= 0 && d != device) {
+      continue;
+    }
+    for (Timeline t : st.device_timelines(static_cast<c10::DeviceIndex>(d))) {
+      host_sync(t);
+    }
+  }
+}
+
+// ---- the DeviceGuardImpl --------------------------------------------------------------------
+namespace {
+
+struct SimEvent {
+  VectorClock clock;
+  bool recorded = false;
+  bool timing = false;
+  c10::DeviceIndex device = -1;
+  std::chrono::steady_clock::time_point time;
+};
+
+struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override {
+    return kSim;
+  }
+
+  c10::Device exchangeDevice(c10::Device d) const override {
+    const c10::Device old = getDevice();
+    setDevice(d);
+    return old;
+  }
+
+  c10::Device getDevice() const override {
+    return c10::Device(kSim, current_device());
+  }
+
+  void setDevice(c10::Device d) const override {
+    TORCH_CHECK(d.type() == kSim, "sim device guard got a device of type ", d.type());
+    set_current_device(check_device(d.index()));
+  }
+
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    if (d.index() >= 0 && d.index() < State::get().num_devices()) {
+      set_current_device(d.index());
+    }
+  }
+
+  c10::Stream getStream(c10::Device d) const override {
+    return current_stream(check_device(d.index()));
+  }
+
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::DEFAULT, c10::Device(kSim, check_device(d.index())));
+  }
+
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool high_priority) const override {
+    return State::get().pool_stream(d.index(), high_priority);
+  }
+
+  c10::Stream getNewStream(c10::Device d, int priority) const override {
+    return State::get().new_stream(d.index(), priority);
+  }
+
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    return exchange_stream(s);
+  }
+
+  void* getStreamNativeHandle(const c10::Stream s) const override {
+    // No native object: the timeline id serves as an opaque, unique handle.
+    return reinterpret_cast<void*>(static_cast<uintptr_t>(State::get().timeline(s)));
+  }
+
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    delete static_cast<SimEvent*>(event);
+  }
+
+  void record(
+      void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
+      const c10::EventFlag flag) const override {
+    TORCH_CHECK(
+        device_index == -1 || device_index == stream.device_index(), "event of device sim:",
+        static_cast<int>(device_index), " cannot be recorded on a stream of ", stream.device());
+    const Timeline t = State::get().timeline(stream);
+    auto* e = static_cast<SimEvent*>(*event);
+    if (e == nullptr) {
+      e = new SimEvent();
+      e->timing = flag == c10::EventFlag::BACKEND_DEFAULT;
+      *event = e;
+    }
+    e->clock = State::get().checker().snapshot(t);
+    e->recorded = true;
+    e->device = stream.device_index();
+    e->time = std::chrono::steady_clock::now();
+  }
+
+  void block(void* event, const c10::Stream& stream) const override {
+    const Timeline t = State::get().timeline(stream);
+    auto* e = static_cast<SimEvent*>(event);
+    if (e == nullptr || !e->recorded) {
+      return;  // never recorded: nothing to wait for
+    }
+    State::get().checker().join(t, e->clock);
+  }
+
+  bool queryEvent(void* event) const override {
+    synchronizeEvent(event);  // eager execution: a recorded event is complete
+    return true;
+  }
+
+  c10::DeviceIndex deviceCount() const noexcept override {
+    return static_cast<c10::DeviceIndex>(State::get().num_devices());
+  }
+
+  bool queryStream(const c10::Stream& stream) const override {
+    synchronizeStream(stream);
+    return true;
+  }
+
+  void synchronizeStream(const c10::Stream& stream) const override {
+    host_sync(State::get().timeline(stream));
+  }
+
+  void synchronizeEvent(void* event) const override {
+    auto* e = static_cast<SimEvent*>(event);
+    if (e != nullptr && e->recorded) {
+      host_join(e->clock);
+    }
+  }
+
+  void synchronizeDevice(const c10::DeviceIndex device_index) const override {
+    synchronize(check_device(device_index));
+  }
+
+  void recordDataPtrOnStream(const c10::DataPtr& data_ptr, const c10::Stream& stream) const override {
+    record_stream(data_ptr, stream);
+  }
+
+  double elapsedTime(void* event1, void* event2, const c10::DeviceIndex) const override {
+    auto* a = static_cast<SimEvent*>(event1);
+    auto* b = static_cast<SimEvent*>(event2);
+    TORCH_CHECK(
+        a != nullptr && b != nullptr && a->recorded && b->recorded,
+        "elapsed_time: both events must have been recorded");
+    TORCH_CHECK(
+        a->timing && b->timing,
+        "elapsed_time: both events must be created with argument 'enable_timing=True'");
+    return std::chrono::duration<double, std::milli>(b->time - a->time).count();
+  }
+};
+
+}  // namespace
+
+const c10::impl::DeviceGuardImplInterface* make_guard_impl() {
+  return new SimGuardImpl();
+}
+
+}  // namespace sim
+}  // namespace torch_pipeline

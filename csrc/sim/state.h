@@ -1,0 +1,105 @@
+// Internals of the sim device shared by its translation units: devices, streams (each one a race
+// checker timeline), the thread-local current device and streams, and the op recorder.
+#pragma once
+
+#include "race_checker.h"
+#include "sim.h"
+
+#include <c10/core/Device.h>
+#include <c10/core/Stream.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <array>
+#include <atomic>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace torch_pipeline {
+namespace sim {
+
+constexpr int kMaxDevices = 16;
+constexpr int kStreamsPerPool = 32;  // like CUDA's pool, per priority and device
+// Priorities as for torch.cuda.Stream: lower is higher; values outside are clamped.
+constexpr int kLowestPriority = 0;
+constexpr int kHighestPriority = -3;
+
+class State {
+ public:
+  static State& get();  // leaked: usable until process exit
+
+  int num_devices() const { return num_devices_.load(std::memory_order_acquire); }
+  bool strict() const { return strict_.load(std::memory_order_relaxed); }
+  void set_strict(bool s) { strict_.store(s, std::memory_order_relaxed); }
+  RaceChecker& checker() { return checker_; }
+
+  // Makes the devices and their default streams (once, from enable()).
+  void init_devices(int n);
+
+  // The timeline of `s`; ValueError for a stream that sim never made.
+  Timeline timeline(const c10::Stream& s);
+  int priority(const c10::Stream& s);
+  const std::string& label(const c10::Stream& s);
+  c10::Stream new_stream(c10::DeviceIndex d, int priority);
+  c10::Stream pool_stream(c10::DeviceIndex d, bool high_priority);
+  std::vector<Timeline> device_timelines(c10::DeviceIndex d);
+
+ private:
+  State() = default;
+  struct StreamInfo {
+    Timeline timeline;
+    int priority;
+    std::string label;
+  };
+  struct DeviceStreams {
+    std::deque<StreamInfo> streams;  // index = StreamId; 0 = the default stream
+    std::array<std::vector<c10::StreamId>, 2> pool;  // [0]: priority 0, [1]: high priority
+    std::array<uint32_t, 2> next{0, 0};
+  };
+  const StreamInfo& info_locked(const c10::Stream& s);
+  c10::Stream add_stream_locked(c10::DeviceIndex d, int priority, const char* kind);
+
+  std::atomic<int> num_devices_{0};
+  std::atomic<bool> strict_{false};
+  RaceChecker checker_;
+  std::mutex mutex_;
+  std::array<DeviceStreams, kMaxDevices> devices_;
+};
+
+// Throws ValueError unless 0 <= d < num_devices; -1 means the current device.
+c10::DeviceIndex check_device(c10::DeviceIndex d);
+c10::DeviceIndex current_device();
+void set_current_device(c10::DeviceIndex d);
+c10::Stream current_stream(c10::DeviceIndex d);
+c10::Stream exchange_stream(const c10::Stream& s);
+Timeline current_timeline(c10::DeviceIndex d);
+
+// Sets the current device for a scope (no checks: d must be valid).
+class DeviceScope {
+ public:
+  explicit DeviceScope(c10::DeviceIndex d) : previous_(current_device()) { set_current_device(d); }
+  ~DeviceScope() { set_current_device(previous_); }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  c10::DeviceIndex previous_;
+};
+
+// An op on stream timeline `t` with these accesses; in strict mode a race throws (the op is
+// recorded first, so the history stays consistent).
+void record(Timeline t, const std::string& op, const std::vector<Access>& accesses);
+// The host waits for timeline `t` (stream synchronize, blocking copy to the host).
+void host_sync(Timeline t);
+// The host waits for an event's position (event synchronize or a query reporting completion).
+void host_join(const VectorClock& clock);
+[[noreturn]] void throw_races(const std::vector<Race>& races);
+// "sim:0 storage 0x... (64 bytes)"
+std::string describe_storage(c10::DeviceIndex d, const void* base, size_t nbytes);
+
+// The c10 DeviceGuardImpl of the sim device (a new, leaked object).
+const c10::impl::DeviceGuardImplInterface* make_guard_impl();
+
+}  // namespace sim
+}  // namespace torch_pipeline

@@ -1,0 +1,245 @@
+"""The sim device: a simulated accelerator that detects stream races (DESIGN.md §5).
+
+PyTorch's PrivateUse1 backend, renamed ``"sim"``, written in C++ (``csrc/sim``): devices
+``sim:0 .. sim:N-1`` over host memory, an allocator that caches and reuses blocks per stream like
+CUDA's, streams (pools, priorities, ``torch.Stream()``), events, and every aten op run eagerly by
+its CPU kernel on the host memory. Each stream and the host carry a vector clock; every read and
+write of every op is checked against earlier conflicting accesses of the same bytes, and so is the
+reuse of a freed block. Nothing is registered with PyTorch until :func:`enable` runs::
+
+    import torch
+    import torch_pipeline.sim as sim
+
+    sim.enable(num_devices=2)
+    x = torch.ones(4, device="sim:0")        # default stream of sim:0
+    s = torch.Stream(device="sim:0")
+    with s:                                  # s.wait_stream(torch.accelerator.current_stream())
+        y = x * 2                            # is missing: this read races with ones' write
+    print(sim.races()[0])                    # names both ops, their streams and the storage
+    sim.clear_races()
+    sim.set_strict(True)                     # from now on the racing op raises sim.RaceError
+
+Copies with pinned host memory (``pin_memory()``, ``x.to("cpu", non_blocking=True)``) are
+checked on the host side too: until the host synchronizes with the copy's stream, a CPU op that
+reads the result of a non_blocking copy to the host, or overwrites the source of one from the
+host, is reported as a race of the ``"host"`` timeline (recorded, not raised in strict mode).
+
+Once enabled, ``sim`` is ``torch.accelerator``'s device for the rest of the process (PyTorch
+allows one PrivateUse1 backend per process, renamed once), so enable it only where wanted: in a
+test process, or before any code that picks "the accelerator". Enable it before the first
+``backward()`` of the process: the autograd engine sizes its device queues once, at the first
+backward, and a backward on sim after one that ran before enable() fails inside PyTorch.
+"""
+from __future__ import annotations
+
+import atexit
+import sys
+import threading
+from typing import List, Optional, Union
+
+import torch
+
+from .. import _C
+
+__all__ = [
+    "Race",
+    "RaceError",
+    "clear_races",
+    "current_device",
+    "current_stream",
+    "device_count",
+    "enable",
+    "is_available",
+    "is_enabled",
+    "is_strict",
+    "races",
+    "set_device",
+    "set_stream",
+    "set_strict",
+    "synchronize",
+]
+
+Race = _C.SimRace
+Race.__module__ = __name__
+Race.__name__ = "Race"
+Race.__qualname__ = "Race"
+
+RaceError = _C.SimRaceError
+"""Raised in strict mode by the op that races (a ``RuntimeError`` subclass)."""
+
+DeviceLike = Union[torch.device, str, int, None]
+
+_BACKEND = "sim"
+_lock = threading.Lock()
+
+
+def enable(num_devices: int = 2, strict: bool = False) -> None:
+    """Registers the sim device with PyTorch and makes ``num_devices`` devices.
+
+    Idempotent: a second call with the same ``num_devices`` only sets the strict flag; another
+    count is a ``ValueError`` (the count is fixed for the process). Raises ``RuntimeError`` when
+    the PrivateUse1 backend was already given to another backend in this process.
+
+        >>> import torch_pipeline.sim as sim
+        >>> sim.enable(num_devices=2)
+        >>> torch.zeros(3, device="sim:1").device
+        device(type='sim', index=1)
+    """
+    if isinstance(num_devices, bool) or not isinstance(num_devices, int):
+        raise TypeError(f"num_devices must be an int, got {type(num_devices).__name__}")
+    if not isinstance(strict, bool):
+        raise TypeError(f"strict must be a bool, got {type(strict).__name__}")
+    with _lock:
+        if _C._sim_enabled():
+            _C._sim_enable(num_devices, strict)  # ValueError for another count
+            return
+        name = torch._C._get_privateuse1_backend_name()
+        if name not in ("privateuseone", _BACKEND):
+            raise RuntimeError(
+                f"cannot enable torch_pipeline.sim: PyTorch's PrivateUse1 backend is already "
+                f"renamed to {name!r} in this process (one PrivateUse1 backend per process)"
+            )
+        if num_devices < 1:
+            raise ValueError(f"num_devices must be at least 1, got {num_devices}")
+        _C._sim_enable(num_devices, strict)
+        if name != _BACKEND:
+            torch.utils.rename_privateuse1_backend(_BACKEND)
+        if getattr(torch, _BACKEND, None) is None:
+            torch._register_device_module(_BACKEND, sys.modules[__name__])
+        if not hasattr(torch.Tensor, "is_" + _BACKEND):
+            torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+        _C._refresh_accelerator()
+        atexit.register(_drain_autograd_device_threads)
+
+
+def _drain_autograd_device_threads() -> None:
+    # At interpreter exit an autograd device thread may still hold the last reference to the
+    # graph task of the last backward(), whose thread-local state holds a Python object; dropping
+    # it after finalization began aborts the process (a PyTorch race that the fast sim device
+    # makes likely). One tiny backward per device, run through the engine directly (no Python
+    # state captured), waits until each device thread has finished its previous task.
+    try:
+        strict = is_strict()
+        _C._sim_set_strict(False)
+        engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
+        for i in range(device_count()):
+            x = torch.zeros((), device=f"{_BACKEND}:{i}", requires_grad=True)
+            y = x * 1
+            engine.run_backward((y,), (torch.ones_like(y),), False, False, (), True, True)
+        _C._sim_set_strict(strict)
+    except Exception:  # noqa: BLE001 - best effort at exit
+        pass
+
+
+def is_enabled() -> bool:
+    """Whether :func:`enable` has run in this process."""
+    return bool(_C._sim_enabled())
+
+
+def races() -> List[Race]:
+    """The races detected since the last :func:`clear_races`, oldest first.
+
+        >>> for race in sim.races():
+        ...     print(race)   # race on sim:0 storage 0x... : read by aten::mul.Tensor on ...
+    """
+    return list(_C._sim_races())
+
+
+def clear_races() -> None:
+    """Forgets the races detected so far (the access history is kept)."""
+    _C._sim_clear_races()
+
+
+def set_strict(strict: bool) -> None:
+    """Strict mode: the op that races raises :class:`RaceError` (before its kernel runs where the
+    race is seen then); otherwise races are only recorded (see :func:`races`)."""
+    if not isinstance(strict, bool):
+        raise TypeError(f"strict must be a bool, got {type(strict).__name__}")
+    _C._sim_set_strict(strict)
+
+
+def is_strict() -> bool:
+    """Whether strict mode is on."""
+    return bool(_C._sim_strict())
+
+
+def _require_enabled() -> None:
+    if not _C._sim_enabled():
+        raise RuntimeError("the sim device is not enabled: call torch_pipeline.sim.enable() first")
+
+
+def _index(device: DeviceLike) -> int:
+    if device is None:
+        return current_device()
+    if isinstance(device, bool):
+        raise TypeError("device must be a torch.device, a str, an int or None, got a bool")
+    if isinstance(device, int):
+        return device
+    d = torch.device(device)
+    if d.type != _BACKEND:
+        raise ValueError(f"expected a sim device, got {d}")
+    return current_device() if d.index is None else d.index
+
+
+def synchronize(device: DeviceLike = None) -> None:
+    """The host waits for every stream of ``device`` (default: the current sim device).
+
+        >>> sim.synchronize("sim:1")
+    """
+    _require_enabled()
+    _C._sim_synchronize(_index(device))
+
+
+# ---- the device module (torch.sim), used by torch's generic device code ------------------------
+def is_available() -> bool:
+    """Whether the sim device is enabled (torch.sim.is_available)."""
+    return is_enabled()
+
+
+def is_initialized() -> bool:
+    return is_enabled()
+
+
+def _lazy_init() -> None:
+    _require_enabled()
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def device_count() -> int:
+    """Number of sim devices (0 before :func:`enable`)."""
+    return int(_C._sim_num_devices())
+
+
+def current_device() -> int:
+    """The calling thread's current sim device index."""
+    _require_enabled()
+    return torch.accelerator.current_device_index()
+
+
+def set_device(device: DeviceLike) -> None:
+    """Sets the calling thread's current sim device."""
+    _require_enabled()
+    torch.accelerator.set_device_index(_index(device))
+
+
+def current_stream(device: DeviceLike = None) -> torch.Stream:
+    """The calling thread's current stream of ``device`` (default: the current sim device)."""
+    _require_enabled()
+    return torch.accelerator.current_stream(_index(device))
+
+
+def set_stream(stream: torch.Stream) -> None:
+    """Makes ``stream`` the calling thread's current stream of its device."""
+    _require_enabled()
+    torch.accelerator.set_stream(stream)
+
+
+def manual_seed_all(seed: int) -> None:
+    """Random ops on sim run their CPU kernels with the CPU generator: torch.manual_seed seeds it."""
+
+
+def manual_seed(seed: int) -> None:
+    """See :func:`manual_seed_all`."""
