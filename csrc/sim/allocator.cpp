@@ -1,5 +1,6 @@
 #include "allocator.h"
 
+#include "host.h"
 #include "state.h"
 
 #include <c10/util/Exception.h>
@@ -15,7 +16,6 @@ namespace torch_pipeline {
 namespace sim {
 namespace {
 
-constexpr c10::DeviceType kSim = c10::DeviceType::PrivateUse1;
 constexpr size_t kAlignment = 512;  // CUDA's minimum block size
 constexpr size_t kAggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
 
@@ -33,7 +33,7 @@ struct Block {
 // A freed block held back until the uses recorded on other streams complete.
 struct Pending {
   Block* block;
-  std::vector<VectorClock> clocks;  // each recorded stream's clock when the block was freed
+  VectorClock completed;  // the recorded streams' clocks when the block was freed, joined
 };
 
 void free_block(void* ctx);
@@ -89,6 +89,7 @@ class SimAllocator final : public c10::DeviceAllocator {
       auto& stats = stats_[static_cast<size_t>(d)];
       stats.allocated_bytes[kAggregate].increase(block->size);
       stats.allocation[kAggregate].increase(1);
+      stats.active[kAggregate].increase(1);
       stats.active_bytes[kAggregate].increase(block->size);
       stats.requested_bytes[kAggregate].increase(n);
       block_requested_[block] = n;
@@ -179,6 +180,7 @@ class SimAllocator final : public c10::DeviceAllocator {
     auto& stats = stats_[static_cast<size_t>(block->device)];
     stats.allocated_bytes[kAggregate].decrease(block->size);
     stats.allocation[kAggregate].decrease(1);
+    stats.active[kAggregate].decrease(1);
     stats.active_bytes[kAggregate].decrease(block->size);
     auto req = block_requested_.find(block);
     if (req != block_requested_.end()) {
@@ -189,10 +191,17 @@ class SimAllocator final : public c10::DeviceAllocator {
       pools_[{block->device, block->stream}][block->size].push_back(block);
       return;
     }
+    // The "events" recorded on the uses' streams: their clocks now.
     Pending pending{block, {}};
     try {
       for (Timeline t : block->uses) {
-        pending.clocks.push_back(State::get().checker().snapshot(t));
+        const VectorClock clock = State::get().checker().snapshot(t);
+        if (pending.completed.size() < clock.size()) {
+          pending.completed.resize(clock.size(), 0);
+        }
+        for (size_t i = 0; i < clock.size(); ++i) {
+          pending.completed[i] = std::max(pending.completed[i], clock[i]);
+        }
       }
     } catch (...) {
     }
@@ -215,8 +224,11 @@ class SimAllocator final : public c10::DeviceAllocator {
   }
 
  private:
-  // "process_events": the uses recorded on other streams are queried, reported complete (the
-  // host clock joins them), and the blocks go back to their pools.
+  // "process_events": the events recorded on the uses' streams report completion, and the blocks
+  // go back to their pools. Only the allocator learns of that completion, and only for the
+  // block: the uses of the block ordered before those events are released (the block's reuse
+  // does not race with them), while no stream, nor the host, is ordered after them (a program
+  // that relied on it would race on a GPU, where the query may come back "not ready").
   void process_pending_locked(c10::DeviceIndex d) {
     if (pending_.empty()) {
       return;
@@ -227,9 +239,8 @@ class SimAllocator final : public c10::DeviceAllocator {
         ++it;
         continue;
       }
-      for (const VectorClock& clock : it->clocks) {
-        checker.join(kHost, clock);
-      }
+      const auto begin = reinterpret_cast<uintptr_t>(it->block->ptr);
+      checker.release(begin, begin + it->block->size, it->completed);
       pools_[{d, it->block->stream}][it->block->size].push_back(it->block);
       it = pending_.erase(it);
     }
@@ -283,8 +294,10 @@ void free_pinned(void* ptr) {
     }
   }
   if (n > 0) {
-    // Given back to the system: what async copies did to it is history.
+    // Given back to the system: what async copies did to it is history, and so are the copies
+    // the host-side check still watched on it.
     const auto p = reinterpret_cast<uintptr_t>(ptr);
+    forget_async_host_accesses(p, p + n);
     State::get().checker().forget(p, p + n);
   }
   std::free(ptr);

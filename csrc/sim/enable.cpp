@@ -12,14 +12,11 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
-#include <cstring>
 #include <mutex>
 
 namespace torch_pipeline {
 namespace sim {
 namespace {
-
-constexpr c10::DeviceType kSim = c10::DeviceType::PrivateUse1;
 
 struct SimHooks final : public at::PrivateUse1HooksInterface {
   bool isBuilt() const override {
@@ -81,16 +78,7 @@ struct SimHooks final : public at::PrivateUse1HooksInterface {
   }
 
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
-    c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
-    TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
-    DeviceScope scope(check_device(storage.device().index()));
-    c10::DataPtr fresh = device_allocator()->allocate(newsize);
-    const size_t keep = std::min(newsize, impl->nbytes());
-    if (keep > 0) {
-      std::memcpy(fresh.get(), impl->data(), keep);
-    }
-    impl->set_data_ptr_noswap(std::move(fresh));
-    impl->set_nbytes(newsize);
+    resize_storage_bytes(storage, newsize);
   }
 };
 
@@ -124,7 +112,8 @@ void enable(int n, bool strict) {
   c10::SetAllocator(kSim, device_allocator());
   at::RegisterPrivateUse1HooksInterface(new SimHooks());
   register_kernels();
-  // Every getNewStream is a fresh stream: pipelines never share one.
+  // torch.Stream() (getNewStream) draws from the pools of 32 like CUDA's; a pipeline slot's stream
+  // is a fresh one (bounded by the slots, which reuse their streams): live pipelines never share.
   register_exclusive_stream_factory(kSim, [](c10::Device device, int priority) {
     return State::get().new_stream(device.index(), priority);
   });

@@ -1,9 +1,10 @@
 #include "host.h"
 
 #include "allocator.h"
+#include "ops.h"
+#include "sim.h"
 #include "state.h"
 
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 
 #include <algorithm>
@@ -12,7 +13,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <unordered_map>
 #include <vector>
 
 namespace torch_pipeline {
@@ -20,7 +20,13 @@ namespace sim {
 namespace {
 
 thread_local bool tls_in_sim_kernel = false;
-thread_local int tls_depth = 0;  // nesting of observed ops: only the outermost one is checked
+// Nesting of checked ops (those that access data): only the outermost one is checked. Views and
+// queries do not count, so the ops they call are checked (p.to(dtype) is aten::to, a view op,
+// around aten::_to_copy).
+thread_local int tls_depth = 0;
+
+// The marker on_op_start returns for an op it counted in tls_depth.
+struct Counted final : at::ObserverContext {};
 
 struct PendingHostAccess {
   uintptr_t begin;
@@ -34,11 +40,16 @@ std::vector<PendingHostAccess>* g_pending = new std::vector<PendingHostAccess>()
 std::atomic<size_t> g_pending_count{0};
 std::optional<at::CallbackHandle> g_callback;  // installed while accesses are pending
 
-uint64_t entry(const VectorClock& clock, Timeline t) {
-  return static_cast<size_t>(t) < clock.size() ? clock[static_cast<size_t>(t)] : 0;
+// Publishes the count; uninstalls the callback when nothing is pending (g_mutex held).
+void pending_changed_locked() {
+  g_pending_count.store(g_pending->size(), std::memory_order_release);
+  if (g_pending->empty() && g_callback.has_value()) {
+    at::removeCallback(*g_callback);
+    g_callback.reset();
+  }
 }
 
-// Removes the complete accesses; uninstalls the callback when none is left (g_mutex held).
+// Removes the complete accesses (g_mutex held).
 void prune_locked() {
   if (g_pending->empty()) {
     return;
@@ -46,72 +57,61 @@ void prune_locked() {
   const VectorClock host = State::get().checker().snapshot(kHost);
   auto& v = *g_pending;
   v.erase(std::remove_if(v.begin(), v.end(), [&](const PendingHostAccess& p) {
-            return entry(host, p.timeline) >= p.epoch;
+            return clock_entry(host, p.timeline) >= p.epoch;
           }), v.end());
-  g_pending_count.store(v.size(), std::memory_order_release);
-  if (v.empty() && g_callback.has_value()) {
-    at::removeCallback(*g_callback);
-    g_callback.reset();
-  }
+  pending_changed_locked();
 }
 
-struct HostOpFacts {
-  std::vector<char> write;  // per argument
-  bool metadata_only = false;
-};
+bool is_sim_tensor(const at::Tensor& t) {
+  return t.defined() && t.device().type() == kSim;
+}
 
-const HostOpFacts& facts_of(const c10::OperatorName& name) {
-  static std::mutex mutex;
-  static auto* cache = new std::unordered_map<c10::OperatorName, HostOpFacts>();
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache->find(name);
-  if (it == cache->end()) {
-    HostOpFacts f;
-    bool any_write = false;
-    bool all_views = false;
-    if (auto op = c10::Dispatcher::singleton().findSchema(name)) {
-      const auto& schema = op->schema();
-      for (const auto& arg : schema.arguments()) {
-        const auto* ai = arg.alias_info();
-        const bool w = ai != nullptr && ai->isWrite();
-        f.write.push_back(w ? 1 : 0);
-        any_write |= w;
-      }
-      all_views = !schema.returns().empty();
-      for (const auto& ret : schema.returns()) {
-        const auto* ai = ret.alias_info();
-        all_views &= ai != nullptr && !ai->isWrite();
+// An argument that makes the op the device's: a sim tensor, or a sim device (factories, to()).
+bool is_device_argument(const c10::IValue& v) {
+  if (v.isTensor()) {
+    return is_sim_tensor(v.toTensor());
+  }
+  if (v.isTensorList()) {
+    for (const at::Tensor& x : v.toTensorList()) {
+      if (is_sim_tensor(x)) {
+        return true;
       }
     }
-    static const char* const kMetadata[] = {"aten::is_pinned", "aten::is_set_to",
-                                            "aten::record_stream", "aten::_pin_memory"};
-    f.metadata_only = (all_views && !any_write) ||
-        std::any_of(std::begin(kMetadata), std::end(kMetadata),
-                    [&](const char* m) { return name.name == m; });
-    it = cache->emplace(name, std::move(f)).first;
+    return false;
   }
-  return it->second;
+  if (v.isOptionalTensorList()) {
+    for (const std::optional<at::Tensor>& x : v.toOptionalTensorList()) {
+      if (x.has_value() && is_sim_tensor(*x)) {
+        return true;
+      }
+    }
+    return false;
+  }
+  return v.isDevice() && v.toDevice().type() == kSim;
 }
 
+// The accesses of host tensor `t` that touch pending memory, appended to `out`.
 void check_host_tensor(const at::Tensor& t, bool write, std::vector<Access>& out) {
   if (!t.defined() || !t.device().is_cpu()) {
     return;
   }
-  Access a;
-  if (!host_access(t, write, &a)) {
+  std::vector<Access> mine;
+  if (!host_accesses(t, write, mine)) {
     return;
   }
   std::lock_guard<std::mutex> lock(g_mutex);
-  for (const auto& p : *g_pending) {
-    if (p.begin < a.end && a.begin < p.end) {
+  for (Access& a : mine) {
+    const bool pending = std::any_of(g_pending->begin(), g_pending->end(), [&](const PendingHostAccess& p) {
+      return p.begin < a.end && a.begin < p.end;
+    });
+    if (pending) {
       out.push_back(std::move(a));
-      return;
     }
   }
 }
 
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
-  if (tls_depth++ > 0 || tls_in_sim_kernel ||
+  if (tls_depth > 0 || tls_in_sim_kernel ||
       g_pending_count.load(std::memory_order_acquire) == 0) {
     return nullptr;
   }
@@ -119,15 +119,19 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   if (!name.has_value()) {
     return nullptr;
   }
-  const HostOpFacts& facts = facts_of(*name);
+  const OpFacts& facts = op_facts(*name);
   if (facts.metadata_only) {
-    return nullptr;
+    return nullptr;  // not counted: what it calls is checked
   }
-  const std::vector<char>& write = facts.write;
-  std::vector<Access> accesses;
+  ++tls_depth;
+  auto counted = std::make_unique<Counted>();
   const auto inputs = fn.inputs();
+  if (std::any_of(inputs.begin(), inputs.end(), is_device_argument)) {
+    return counted;
+  }
+  std::vector<Access> accesses;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const bool w = i < write.size() && write[i] != 0;
+    const bool w = i < facts.write.size() && facts.write[i] != 0;
     const c10::IValue& v = inputs[i];
     if (v.isTensor()) {
       check_host_tensor(v.toTensor(), w, accesses);
@@ -135,59 +139,58 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
       for (const at::Tensor& x : v.toTensorList()) {
         check_host_tensor(x, w, accesses);
       }
+    } else if (v.isOptionalTensorList()) {
+      for (const std::optional<at::Tensor>& x : v.toOptionalTensorList()) {
+        if (x.has_value()) {
+          check_host_tensor(*x, w, accesses);
+        }
+      }
     }
   }
   if (!accesses.empty()) {
     try {
-      std::string op = fn.name();
-      State::get().checker().record_op(kHost, op + " (host)", accesses);
+      State::get().checker().record_op(kHost, std::string(fn.name()) + " (host)", accesses);
     } catch (...) {
     }
   }
-  return nullptr;
+  return counted;
 }
 
-void on_op_end(const at::RecordFunction&, at::ObserverContext*) {
-  --tls_depth;
+void on_op_end(const at::RecordFunction&, at::ObserverContext* ctx) {
+  if (ctx != nullptr) {
+    --tls_depth;
+  }
 }
 
 }  // namespace
 
-bool host_access(const at::Tensor& t, bool write, Access* out) {
-  if (!t.defined() || !t.has_storage() || t.numel() == 0) {
+bool host_accesses(const at::Tensor& t, bool write, std::vector<Access>& out) {
+  if (!t.defined() || !t.has_storage() || t.storage().data() == nullptr) {
     return false;
   }
-  const auto base = reinterpret_cast<uintptr_t>(t.storage().data());
-  if (base == 0) {
-    return false;
-  }
-  int64_t lo = t.storage_offset();
-  int64_t hi = lo;
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    const int64_t extent = (t.size(d) - 1) * t.stride(d);
-    (extent >= 0 ? hi : lo) += extent;
-  }
-  const auto item = static_cast<int64_t>(t.element_size());
-  out->begin = base + static_cast<uintptr_t>(lo * item);
-  out->end = base + static_cast<uintptr_t>((hi + 1) * item);
-  out->write = write;
   char buffer[96];
   std::snprintf(buffer, sizeof(buffer), "pinned host memory %p (%zu bytes)", t.storage().data(),
                 t.storage().nbytes());
-  out->memory = buffer;
-  return true;
+  const size_t before = out.size();
+  add_accesses(t, write, buffer, out);
+  return out.size() > before;
 }
 
-void watch_async_host_access(Timeline t, const Access& access) {
-  const VectorClock clock = State::get().checker().snapshot(t);
+void watch_async_host_accesses(Timeline t, const std::vector<Access>& accesses) {
+  if (accesses.empty()) {
+    return;
+  }
+  const uint64_t epoch = clock_entry(State::get().checker().snapshot(t), t);
   std::lock_guard<std::mutex> lock(g_mutex);
-  g_pending->push_back(PendingHostAccess{access.begin, access.end, t, entry(clock, t)});
-  g_pending_count.store(g_pending->size(), std::memory_order_release);
+  for (const Access& a : accesses) {
+    g_pending->push_back(PendingHostAccess{a.begin, a.end, t, epoch});
+  }
   if (!g_callback.has_value()) {
     g_callback = at::addGlobalCallback(at::RecordFunctionCallback(&on_op_start, &on_op_end)
                                            .needsInputs(true)
                                            .scopes({at::RecordScope::FUNCTION}));
   }
+  pending_changed_locked();
 }
 
 void prune_async_host_accesses() {
@@ -196,6 +199,23 @@ void prune_async_host_accesses() {
   }
   std::lock_guard<std::mutex> lock(g_mutex);
   prune_locked();
+}
+
+void forget_async_host_accesses(uintptr_t begin, uintptr_t end) {
+  if (g_pending_count.load(std::memory_order_acquire) == 0) {
+    return;
+  }
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto& v = *g_pending;
+  v.erase(std::remove_if(v.begin(), v.end(), [&](const PendingHostAccess& p) {
+            return p.begin < end && begin < p.end;
+          }), v.end());
+  pending_changed_locked();
+}
+
+size_t pending_host_accesses() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_pending->size();
 }
 
 SimKernelScope::SimKernelScope() : previous_(tls_in_sim_kernel) {

@@ -16,6 +16,7 @@
 
 #include "allocator.h"
 #include "host.h"
+#include "ops.h"
 #include "state.h"
 
 #include <ATen/ATen.h>
@@ -35,111 +36,25 @@
 #include <cstring>
 #include <deque>
 #include <memory>
-#include <mutex>
-#include <unordered_map>
-#include <unordered_set>
+#include <optional>
+#include <string>
+#include <vector>
 
 namespace torch_pipeline {
 namespace sim {
 namespace {
 
-constexpr c10::DeviceType kSim = c10::DeviceType::PrivateUse1;
-constexpr int64_t kMaxChunks = 64;  // a strided view is recorded as at most this many ranges
-
 const c10::DispatchKeySet kSimKeys{c10::DispatchKey::PrivateUse1};
 
 // ---- accesses --------------------------------------------------------------------------------
-// The bytes of `t` as access ranges: exact for dense tensors and for strided views of up to
-// kMaxChunks contiguous runs (so disjoint slices of one storage do not conflict), else the
-// bounding range.
+// The bytes of sim tensor `t` as access ranges (ops.h).
 void add_accesses(const at::Tensor& t, bool write, std::vector<Access>& out) {
-  if (!t.defined() || !t.has_storage()) {
-    return;
-  }
-  const int64_t numel = t.numel();
-  if (numel == 0) {
+  if (!t.defined() || !t.has_storage() || t.numel() == 0) {
     return;
   }
   const c10::Storage& storage = t.storage();
-  const auto base = reinterpret_cast<uintptr_t>(storage.data());
-  if (base == 0) {
-    return;
-  }
-  const auto item = static_cast<int64_t>(t.element_size());
-  const auto sizes = t.sizes();
-  const auto strides = t.strides();
-  const int64_t offset = t.storage_offset();
-  const int64_t ndim = t.dim();
-  int64_t lo = offset;
-  int64_t hi = offset;
-  bool nonnegative = true;
-  for (int64_t d = 0; d < ndim; ++d) {
-    if (sizes[d] == 1) {
-      continue;
-    }
-    const int64_t extent = (sizes[d] - 1) * strides[d];
-    if (strides[d] >= 0) {
-      hi += extent;
-    } else {
-      lo += extent;
-      nonnegative = false;
-    }
-  }
-  const std::string memory =
-      describe_storage(t.device().index(), storage.data(), storage.nbytes());
-  auto push = [&](int64_t begin, int64_t end) {
-    Access a;
-    a.begin = base + static_cast<uintptr_t>(begin * item);
-    a.end = base + static_cast<uintptr_t>(end * item);
-    a.write = write;
-    a.memory = memory;
-    out.push_back(std::move(a));
-  };
-  if (!nonnegative || t.is_non_overlapping_and_dense()) {
-    push(lo, hi + 1);
-    return;
-  }
-  // The innermost dims that form contiguous runs, then one range per run.
-  int64_t k = ndim - 1;
-  int64_t run = 1;
-  while (k >= 0 && (sizes[k] == 1 || strides[k] == run)) {
-    run *= sizes[k];
-    --k;
-  }
-  const int64_t runs = numel / run;
-  if (runs > kMaxChunks) {
-    push(lo, hi + 1);
-    return;
-  }
-  std::vector<std::pair<int64_t, int64_t>> ranges;
-  ranges.reserve(static_cast<size_t>(runs));
-  std::vector<int64_t> index(static_cast<size_t>(k + 1), 0);
-  for (int64_t r = 0; r < runs; ++r) {
-    int64_t start = offset;
-    for (int64_t j = 0; j <= k; ++j) {
-      start += index[static_cast<size_t>(j)] * strides[j];
-    }
-    ranges.emplace_back(start, start + run);
-    for (int64_t j = k; j >= 0; --j) {
-      if (++index[static_cast<size_t>(j)] < sizes[j]) {
-        break;
-      }
-      index[static_cast<size_t>(j)] = 0;
-    }
-  }
-  std::sort(ranges.begin(), ranges.end());
-  int64_t b = ranges.front().first;
-  int64_t e = ranges.front().second;
-  for (size_t i = 1; i < ranges.size(); ++i) {
-    if (ranges[i].first <= e) {
-      e = std::max(e, ranges[i].second);
-    } else {
-      push(b, e);
-      b = ranges[i].first;
-      e = ranges[i].second;
-    }
-  }
-  push(b, e);
+  add_accesses(t, write, describe_storage(t.device().index(), storage.data(), storage.nbytes()),
+               out);
 }
 
 std::vector<Access> accesses_of(const at::Tensor& t, bool write) {
@@ -177,12 +92,7 @@ class AliasMap {
     auto impl = c10::make_intrusive<c10::TensorImpl>(
         c10::Storage(e.cpu), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
     impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-    if (t.is_conj()) {
-      impl->_set_conj(true);
-    }
-    if (t.is_neg()) {
-      impl->_set_neg(true);
-    }
+    copy_math_bits(t, impl.get());
     return at::Tensor(std::move(impl));
   }
 
@@ -238,12 +148,7 @@ at::Tensor to_new_sim_tensor(const at::Tensor& c) {
       return out;
     }
   }
-  if (c.is_conj()) {
-    out.unsafeGetTensorImpl()->_set_conj(true);
-  }
-  if (c.is_neg()) {
-    out.unsafeGetTensorImpl()->_set_neg(true);
-  }
+  copy_math_bits(c, out.unsafeGetTensorImpl());
   return out;
 }
 
@@ -251,108 +156,12 @@ at::Tensor to_new_sim_tensor(const at::Tensor& c) {
 at::Tensor sim_view(const at::Tensor& c, const c10::Storage& sim) {
   auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(sim), kSimKeys, c.dtype());
   impl->set_sizes_and_strides(c.sizes(), c.strides(), c.storage_offset());
-  if (c.is_conj()) {
-    impl->_set_conj(true);
-  }
-  if (c.is_neg()) {
-    impl->_set_neg(true);
-  }
+  copy_math_bits(c, impl.get());
   return at::Tensor(std::move(impl));
 }
 
 bool is_sim(const at::Tensor& t) {
   return t.defined() && t.device().type() == kSim;
-}
-
-// ---- per-operator facts (cached) --------------------------------------------------------------
-struct OpFacts {
-  std::string name;            // "aten::add.Tensor"
-  std::vector<char> write;     // per argument: the schema marks it written
-  bool metadata_only = false;  // views and queries: no data access
-  bool syncs_host = false;     // the host waits for the result (like CUDA's .item(), nonzero)
-};
-
-bool is_write(const std::optional<c10::AliasInfo>& ai) {
-  if (!ai.has_value()) {
-    return false;
-  }
-  if (ai->isWrite()) {
-    return true;
-  }
-  for (const auto& c : ai->containedTypes()) {
-    if (c.isWrite()) {
-      return true;
-    }
-  }
-  return false;
-}
-
-bool tensor_like(const c10::TypePtr& type) {
-  switch (type->kind()) {
-    case c10::TypeKind::TensorType:
-      return true;
-    case c10::TypeKind::ListType:
-      return tensor_like(type->castRaw<c10::ListType>()->getElementType());
-    case c10::TypeKind::OptionalType:
-      return tensor_like(type->castRaw<c10::OptionalType>()->getElementType());
-    default:
-      return false;
-  }
-}
-
-const std::unordered_set<std::string>& metadata_ops() {
-  static const auto* ops = new std::unordered_set<std::string>{
-      "aten::is_set_to", "aten::_nnz", "aten::sparse_dim", "aten::dense_dim",
-      "aten::is_coalesced", "aten::_is_zerotensor", "aten::is_pinned", "aten::record_stream"};
-  return *ops;
-}
-
-const std::unordered_set<std::string>& host_sync_ops() {
-  // Ops whose CUDA kernels wait for the device: their output size depends on the data.
-  static const auto* ops = new std::unordered_set<std::string>{
-      "aten::nonzero", "aten::masked_select", "aten::_unique", "aten::_unique2",
-      "aten::unique_dim", "aten::unique_consecutive", "aten::unique_dim_consecutive",
-      "aten::repeat_interleave", "aten::equal"};
-  return *ops;
-}
-
-OpFacts compute_facts(const c10::FunctionSchema& s) {
-  OpFacts f;
-  f.name = s.name();
-  if (!s.overload_name().empty()) {
-    f.name += "." + s.overload_name();
-  }
-  bool any_write = false;
-  for (const auto& arg : s.arguments()) {
-    const bool w = is_write(arg.alias_info() ? std::optional<c10::AliasInfo>(*arg.alias_info())
-                                             : std::nullopt);
-    f.write.push_back(w ? 1 : 0);
-    any_write |= w;
-  }
-  bool all_views = !s.returns().empty();
-  bool any_tensor_return = false;
-  for (const auto& ret : s.returns()) {
-    const auto* ai = ret.alias_info();
-    if (ai == nullptr || is_write(*ai)) {
-      all_views = false;
-    }
-    any_tensor_return |= tensor_like(ret.type());
-  }
-  f.metadata_only = (all_views && !any_write) || metadata_ops().count(s.name()) > 0;
-  f.syncs_host = !f.metadata_only &&
-      ((!s.returns().empty() && !any_tensor_return) || host_sync_ops().count(s.name()) > 0);
-  return f;
-}
-
-const OpFacts& facts_of(const c10::OperatorHandle& op) {
-  static std::mutex mutex;
-  static auto* cache = new std::unordered_map<c10::OperatorName, std::unique_ptr<OpFacts>>();
-  std::lock_guard<std::mutex> lock(mutex);
-  auto& slot = (*cache)[op.operator_name()];
-  if (!slot) {
-    slot = std::make_unique<OpFacts>(compute_facts(op.schema()));
-  }
-  return *slot;
 }
 
 // ---- the boxed fallback -------------------------------------------------------------------------
@@ -366,7 +175,7 @@ void run_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 class FallbackCall {
  public:
   FallbackCall(const c10::OperatorHandle& op, torch::jit::Stack* stack, Runner runner)
-      : op_(op), stack_(*stack), facts_(facts_of(op)), runner_(runner) {}
+      : op_(op), stack_(*stack), facts_(op_facts(op)), runner_(runner) {}
 
   void run() {
     SimKernelScope kernel;  // the CPU ops below are the device's, not the host's
@@ -732,11 +541,54 @@ at::Tensor unfold(const at::Tensor& self, int64_t dimension, int64_t size, int64
   return at::native::unfold(self, dimension, size, step);
 }
 
+// Reallocating a storage on the current stream: a read of the old bytes it copies (recorded
+// before, so strict mode raises before anything changes) and a write of the new block, with the
+// reuse of a cached block folded in (recorded after). `grow` does the reallocation.
+template <class Grow>
+void record_reallocation(c10::StorageImpl* storage, size_t keep, const char* op, Grow grow) {
+  const c10::DeviceIndex d = check_device(storage->device().index());
+  DeviceScope scope(d);
+  SimKernelScope kernel;
+  const Timeline t = current_timeline(d);
+  const void* old = storage->data();
+  const std::string memory = describe_storage(d, old, storage->nbytes());
+  if (old != nullptr && keep > 0) {
+    const auto begin = reinterpret_cast<uintptr_t>(old);
+    record(t, op, {Access{begin, begin + keep, /*write=*/false, memory}});
+  }
+  std::vector<Access> post;
+  {
+    DeferReuseReports defer(&post);
+    grow();
+  }
+  const void* fresh = storage->data();
+  if (fresh != old && fresh != nullptr && storage->nbytes() > 0) {
+    const auto begin = reinterpret_cast<uintptr_t>(fresh);
+    post.push_back(Access{begin, begin + storage->nbytes(), /*write=*/true,
+                          describe_storage(d, fresh, storage->nbytes())});
+  }
+  if (!post.empty()) {
+    record(t, op, post);
+  }
+}
+
 const at::Tensor& resize_(
     const at::Tensor& self, c10::SymIntArrayRef size,
     std::optional<c10::MemoryFormat> memory_format) {
-  DeviceScope scope(check_device(self.device().index()));
-  return at::native::resize_(self, C10_AS_INTARRAYREF_SLOW(size), memory_format);
+  const auto sizes = C10_AS_INTARRAYREF_SLOW(size);
+  c10::StorageImpl* storage = self.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  if (storage == nullptr) {
+    DeviceScope scope(check_device(self.device().index()));
+    return at::native::resize_(self, sizes, memory_format);
+  }
+  // The CPU resize reallocates (and copies the old bytes) only when the storage is too small.
+  const size_t needed = at::detail::computeStorageNbytesContiguous(
+      sizes, self.dtype().itemsize(), self.storage_offset());
+  const size_t keep = needed > storage->nbytes() ? storage->nbytes() : 0;
+  record_reallocation(storage, keep, "aten::resize_", [&] {
+    at::native::resize_(self, sizes, memory_format);
+  });
+  return self;
 }
 
 at::Tensor& set_source_storage_offset(
@@ -794,9 +646,9 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   // The host side of a copy with pinned memory is an access too: a non_blocking one is pending
   // until the host synchronizes with the stream (pageable memory is copied synchronously).
   const at::Tensor& host = src_sim ? dst : src;
-  Access host_bytes;
-  const bool pinned = !(src_sim && dst_sim) && host_access(host, /*write=*/src_sim, &host_bytes) &&
-      is_pinned(host.storage().data());
+  std::vector<Access> host_bytes;
+  const bool pinned = !(src_sim && dst_sim) && host.has_storage() &&
+      is_pinned(host.storage().data()) && host_accesses(host, /*write=*/src_sim, host_bytes);
   const std::string name = copy_name(src, dst, non_blocking);
   std::optional<Timeline> sync;   // a blocking copy with the host: the host waits for it
   std::optional<Timeline> async;  // a non_blocking one with pinned memory: watched until then
@@ -820,7 +672,7 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
     const Timeline t = current_timeline(check_device(device_side.device().index()));
     std::vector<Access> accesses = accesses_of(device_side, /*write=*/dst_sim);
     if (pinned) {
-      accesses.push_back(host_bytes);
+      accesses.insert(accesses.end(), host_bytes.begin(), host_bytes.end());
     }
     record(t, name, accesses);
     if (!non_blocking) {
@@ -837,7 +689,7 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
     host_sync(*sync);
   }
   if (async.has_value()) {
-    watch_async_host_access(*async, host_bytes);
+    watch_async_host_accesses(*async, host_bytes);
   }
   return dst;
 }
@@ -866,6 +718,20 @@ void record_stream_kernel(at::Tensor& self, c10::Stream stream) {
 }
 
 }  // namespace
+
+void resize_storage_bytes(const c10::Storage& storage, size_t nbytes) {
+  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
+  const size_t keep = std::min(nbytes, impl->nbytes());
+  record_reallocation(impl, keep, "aten::resize_ (storage)", [&] {
+    c10::DataPtr fresh = device_allocator()->allocate(nbytes);
+    if (keep > 0) {
+      std::memcpy(fresh.get(), impl->data(), keep);
+    }
+    impl->set_data_ptr_noswap(std::move(fresh));
+    impl->set_nbytes(nbytes);
+  });
+}
 
 void register_kernels() {
   auto* aten = new torch::Library(

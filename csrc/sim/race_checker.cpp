@@ -14,11 +14,6 @@ namespace {
 
 static_assert(std::numeric_limits<uintptr_t>::digits <= 64, "length classes assume <= 64-bit addresses");
 
-uint64_t entry(const VectorClock& clock, Timeline t) {
-  const auto i = static_cast<size_t>(t);
-  return i < clock.size() ? clock[i] : 0;
-}
-
 // k such that 2^k <= length < 2^(k+1); length > 0.
 int length_class(uintptr_t length) {
   int k = 0;
@@ -71,7 +66,7 @@ void RaceChecker::check_timeline(Timeline t) const {
 }
 
 bool RaceChecker::ordered_before(const Record& r, Timeline t) const {
-  return r.timeline == t || entry(clocks_[static_cast<size_t>(t)], r.timeline) >= r.epoch;
+  return r.timeline == t || clock_entry(clocks_[static_cast<size_t>(t)], r.timeline) >= r.epoch;
 }
 
 std::vector<RaceChecker::Hit> RaceChecker::overlapping(uintptr_t begin, uintptr_t end) {
@@ -208,11 +203,13 @@ void RaceChecker::join_timeline(Timeline into, Timeline from) {
   for (size_t i = 0; i < source.size(); ++i) target[i] = std::max(target[i], source[i]);
 }
 
-void RaceChecker::forget(uintptr_t begin, uintptr_t end) {
-  std::lock_guard<std::mutex> lock(mutex_);
+template <class Drop>
+void RaceChecker::remove_locked(uintptr_t begin, uintptr_t end, Drop drop) {
   if (begin >= end) return;
   // Partially overlapping records are trimmed: their bytes outside [begin, end) stay in history.
+  // (The trimmed parts lie outside the range, so no hit of this loop is one of them.)
   for (const Hit& hit : overlapping(begin, end)) {
+    if (!drop(hit.it->second)) continue;
     Record r = std::move(hit.it->second);
     erase(hit);
     if (r.begin < begin) {
@@ -225,6 +222,23 @@ void RaceChecker::forget(uintptr_t begin, uintptr_t end) {
       insert(std::move(r));
     }
   }
+}
+
+void RaceChecker::forget(uintptr_t begin, uintptr_t end) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  remove_locked(begin, end, [](const Record&) { return true; });
+}
+
+void RaceChecker::release(uintptr_t begin, uintptr_t end, const VectorClock& completed) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (completed.size() > labels_.size()) {
+    throw std::invalid_argument("torch_pipeline: vector clock of " +
+                                std::to_string(completed.size()) + " entries released into a "
+                                "checker of " + std::to_string(labels_.size()) + " timelines");
+  }
+  remove_locked(begin, end, [&](const Record& r) {
+    return clock_entry(completed, r.timeline) >= r.epoch;
+  });
 }
 
 std::vector<Race> RaceChecker::races() const {

@@ -12,7 +12,8 @@
 // the later one (the later timeline's clock entry for the earlier timeline is < e). Memory reuse
 // is checked the same way: the allocator reports a reused block as a write of the whole block by
 // the new owner's stream, so uses of the block's previous tensor that are not ordered before the
-// reuse race with it.
+// reuse race with it (uses that record_stream() made the allocator wait for are released first:
+// release() forgets them for that block only).
 #pragma once
 
 #include <array>
@@ -30,6 +31,12 @@ using Timeline = int32_t;
 constexpr Timeline kHost = 0;
 
 using VectorClock = std::vector<uint64_t>;  // indexed by Timeline; missing entries are 0
+
+// clock[t], or 0 where the clock has no entry for t.
+inline uint64_t clock_entry(const VectorClock& clock, Timeline t) {
+  const auto i = static_cast<size_t>(t);
+  return t >= 0 && i < clock.size() ? clock[i] : 0;
+}
 
 struct Access {
   uintptr_t begin = 0;  // byte range [begin, end) of device memory
@@ -77,6 +84,13 @@ class RaceChecker {
   // bytes outside [begin, end) is kept).
   void forget(uintptr_t begin, uintptr_t end);
 
+  // Forget the records of [begin, end) that are ordered before `completed` (a clock the range's
+  // later users are known to be ordered after for this range only, e.g. the uses of a freed block
+  // that record_stream() named, complete when the allocator hands the block out again). Records
+  // that overlap the range only in part keep their bytes outside it. Nothing else is ordered by
+  // it: no timeline's clock changes.
+  void release(uintptr_t begin, uintptr_t end, const VectorClock& completed);
+
   std::vector<Race> races() const;
   void clear_races();
   // Number of access records kept (for tests of pruning; bounded by the live conflicting state).
@@ -108,6 +122,10 @@ class RaceChecker {
   std::vector<Hit> overlapping(uintptr_t begin, uintptr_t end);
   void insert(Record r);  // mutex_ held
   void erase(const Hit& hit);  // mutex_ held
+  // Removes the records overlapping [begin, end) for which `drop` holds, keeping their bytes
+  // outside the range (mutex_ held).
+  template <class Drop>
+  void remove_locked(uintptr_t begin, uintptr_t end, Drop drop);
 
   mutable std::mutex mutex_;
   std::deque<std::string> labels_;  // a deque: references from label() survive add_timeline()

@@ -32,17 +32,21 @@ void clear_races();
 void set_strict(bool strict);
 bool strict();
 
-// Waits for (joins into the host clock) every stream of `device`, or of every device when -1.
+// Waits for (joins into the host clock) every stream of `device`, or of every device when -1;
+// ValueError for any other negative value or a device that does not exist.
 void synchronize(int device);
 
 // Streams, as the DeviceGuardImpl gives them (for tests and tools): a stream of the pool of 32 per
-// priority (round robin, like CUDA's), and a stream's priority and race-report label.
+// priority (round robin, like CUDA's; torch.Stream() draws from the same pools), and a stream's
+// priority and race-report label.
 c10::Stream stream_from_pool(int device, bool high_priority);
 int stream_priority(const c10::Stream& stream);
 std::string stream_label(const c10::Stream& stream);
 
 // Number of access records the checker keeps (for tests).
 size_t history_size();
+// Number of host byte ranges of non_blocking copies the host-side check still watches (for tests).
+size_t pending_host_accesses();
 
 // What a racing op throws in strict mode, unless the bindings install a thrower of their own
 // (they throw an exception that Python sees as torch_pipeline.sim.RaceError).

@@ -10,12 +10,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <mutex>
+#include <optional>
 
 namespace torch_pipeline {
 namespace sim {
 namespace {
-
-constexpr c10::DeviceType kSim = c10::DeviceType::PrivateUse1;
 
 thread_local c10::DeviceIndex tls_device = 0;
 thread_local std::array<c10::StreamId, kMaxDevices> tls_streams{};  // 0: the default stream
@@ -93,20 +93,26 @@ const std::string& State::label(const c10::Stream& s) {
 c10::Stream State::new_stream(c10::DeviceIndex d, int priority) {
   d = check_device(d);
   std::lock_guard<std::mutex> lock(mutex_);
-  return add_stream_locked(d, clamp_priority(priority), "new");
+  return add_stream_locked(d, clamp_priority(priority), "exclusive");
 }
 
-c10::Stream State::pool_stream(c10::DeviceIndex d, bool high_priority) {
+c10::Stream State::pool_stream(c10::DeviceIndex d, int priority) {
   d = check_device(d);
+  priority = clamp_priority(priority);
   std::lock_guard<std::mutex> lock(mutex_);
   auto& dev = devices_[static_cast<size_t>(d)];
-  const size_t k = high_priority ? 1 : 0;
+  const auto k = static_cast<size_t>(kLowestPriority - priority);
   auto& pool = dev.pool[k];
   const uint32_t i = dev.next[k]++ % kStreamsPerPool;
   if (i >= pool.size()) {
-    pool.push_back(add_stream_locked(d, high_priority ? kHighestPriority : 0, "pool").id());
+    pool.push_back(add_stream_locked(d, priority, "pool").id());
   }
   return c10::Stream(c10::Stream::UNSAFE, c10::Device(kSim, d), pool[i]);
+}
+
+c10::Stream State::pool_stream(c10::DeviceIndex d, bool high_priority) {
+  // CUDA: the high-priority pool is the one of the highest priority.
+  return pool_stream(d, high_priority ? kHighestPriority : kLowestPriority);
 }
 
 std::vector<Timeline> State::device_timelines(c10::DeviceIndex d) {
@@ -242,6 +248,9 @@ void synchronize(int device) {
   State& st = State::get();
   const int n = st.num_devices();
   TORCH_CHECK(n > 0, "the sim device is not enabled: call torch_pipeline.sim.enable() first");
+  TORCH_CHECK_VALUE(
+      device >= -1, "synchronize: device must be a sim device index or -1 (every device), got ",
+      device);
   if (device >= 0) {
     check_device(static_cast<c10::DeviceIndex>(device));
   }
@@ -258,12 +267,42 @@ void synchronize(int device) {
 // ---- the DeviceGuardImpl --------------------------------------------------------------------
 namespace {
 
+// An event's state. record() may run on one thread while block/synchronize/query read it on
+// another (torch allows that, as CUDA does): the fields are guarded by `mutex`.
 struct SimEvent {
-  VectorClock clock;
-  bool recorded = false;
-  bool timing = false;
-  c10::DeviceIndex device = -1;
-  std::chrono::steady_clock::time_point time;
+  struct Recorded {
+    VectorClock clock;
+    bool recorded = false;
+    c10::DeviceIndex device = -1;
+    std::chrono::steady_clock::time_point time;
+  };
+
+  explicit SimEvent(bool timing) : timing(timing) {}
+
+  Recorded get() const {
+    std::lock_guard<std::mutex> lock(mutex);
+    return state;
+  }
+
+  void set(Recorded r) {
+    std::lock_guard<std::mutex> lock(mutex);
+    state = std::move(r);
+  }
+
+  // The clock to wait for, if recorded.
+  std::optional<VectorClock> clock() const {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!state.recorded) {
+      return std::nullopt;
+    }
+    return state.clock;
+  }
+
+  const bool timing;
+
+ private:
+  mutable std::mutex mutex;
+  Recorded state;
 };
 
 struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
@@ -305,7 +344,9 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   c10::Stream getNewStream(c10::Device d, int priority) const override {
-    return State::get().new_stream(d.index(), priority);
+    // Like CUDA's: a stream of the pool of that priority (exclusive streams for pipelines come
+    // from the factory that enable() registers).
+    return State::get().pool_stream(d.index(), priority);
   }
 
   c10::Stream exchangeStream(c10::Stream s) const override {
@@ -330,23 +371,25 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     const Timeline t = State::get().timeline(stream);
     auto* e = static_cast<SimEvent*>(*event);
     if (e == nullptr) {
-      e = new SimEvent();
-      e->timing = flag == c10::EventFlag::BACKEND_DEFAULT;
+      e = new SimEvent(flag == c10::EventFlag::BACKEND_DEFAULT);
       *event = e;
     }
-    e->clock = State::get().checker().snapshot(t);
-    e->recorded = true;
-    e->device = stream.device_index();
-    e->time = std::chrono::steady_clock::now();
+    SimEvent::Recorded r;
+    r.clock = State::get().checker().snapshot(t);
+    r.recorded = true;
+    r.device = stream.device_index();
+    r.time = std::chrono::steady_clock::now();
+    e->set(std::move(r));
   }
 
   void block(void* event, const c10::Stream& stream) const override {
     const Timeline t = State::get().timeline(stream);
     auto* e = static_cast<SimEvent*>(event);
-    if (e == nullptr || !e->recorded) {
+    const auto clock = e != nullptr ? e->clock() : std::nullopt;
+    if (!clock.has_value()) {
       return;  // never recorded: nothing to wait for
     }
-    State::get().checker().join(t, e->clock);
+    State::get().checker().join(t, *clock);
   }
 
   bool queryEvent(void* event) const override {
@@ -369,8 +412,9 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   void synchronizeEvent(void* event) const override {
     auto* e = static_cast<SimEvent*>(event);
-    if (e != nullptr && e->recorded) {
-      host_join(e->clock);
+    const auto clock = e != nullptr ? e->clock() : std::nullopt;
+    if (clock.has_value()) {
+      host_join(*clock);
     }
   }
 
@@ -385,13 +429,13 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   double elapsedTime(void* event1, void* event2, const c10::DeviceIndex) const override {
     auto* a = static_cast<SimEvent*>(event1);
     auto* b = static_cast<SimEvent*>(event2);
-    TORCH_CHECK(
-        a != nullptr && b != nullptr && a->recorded && b->recorded,
-        "elapsed_time: both events must have been recorded");
+    const SimEvent::Recorded ra = a != nullptr ? a->get() : SimEvent::Recorded{};
+    const SimEvent::Recorded rb = b != nullptr ? b->get() : SimEvent::Recorded{};
+    TORCH_CHECK(ra.recorded && rb.recorded, "elapsed_time: both events must have been recorded");
     TORCH_CHECK(
         a->timing && b->timing,
         "elapsed_time: both events must be created with argument 'enable_timing=True'");
-    return std::chrono::duration<double, std::milli>(b->time - a->time).count();
+    return std::chrono::duration<double, std::milli>(rb.time - ra.time).count();
   }
 };
 

@@ -19,11 +19,14 @@
 namespace torch_pipeline {
 namespace sim {
 
+constexpr c10::DeviceType kSim = c10::DeviceType::PrivateUse1;
 constexpr int kMaxDevices = 16;
 constexpr int kStreamsPerPool = 32;  // like CUDA's pool, per priority and device
-// Priorities as for torch.cuda.Stream: lower is higher; values outside are clamped.
+// Priorities as for torch.cuda.Stream: lower is higher; values outside are clamped. Each priority
+// has a pool of its own, as on CUDA.
 constexpr int kLowestPriority = 0;
 constexpr int kHighestPriority = -3;
+constexpr int kPriorities = kLowestPriority - kHighestPriority + 1;
 
 class State {
  public:
@@ -41,7 +44,12 @@ class State {
   Timeline timeline(const c10::Stream& s);
   int priority(const c10::Stream& s);
   const std::string& label(const c10::Stream& s);
+  // A stream no one else gets (pipelines' exclusive streams): a new timeline each call.
   c10::Stream new_stream(c10::DeviceIndex d, int priority);
+  // The next stream of the pool of `priority` (clamped), round robin over 32 like CUDA's
+  // getStreamFromPool: torch.Stream() (getNewStream) and getStreamFromGlobalPool come from here,
+  // so the 33rd stream of a priority is the first again and the number of timelines stays bounded.
+  c10::Stream pool_stream(c10::DeviceIndex d, int priority);
   c10::Stream pool_stream(c10::DeviceIndex d, bool high_priority);
   std::vector<Timeline> device_timelines(c10::DeviceIndex d);
 
@@ -54,8 +62,9 @@ class State {
   };
   struct DeviceStreams {
     std::deque<StreamInfo> streams;  // index = StreamId; 0 = the default stream
-    std::array<std::vector<c10::StreamId>, 2> pool;  // [0]: priority 0, [1]: high priority
-    std::array<uint32_t, 2> next{0, 0};
+    // [i]: the pool of priority -i (kLowestPriority first), made lazily
+    std::array<std::vector<c10::StreamId>, kPriorities> pool;
+    std::array<uint32_t, kPriorities> next{};
   };
   const StreamInfo& info_locked(const c10::Stream& s);
   c10::Stream add_stream_locked(c10::DeviceIndex d, int priority, const char* kind);

@@ -296,6 +296,41 @@ TEST(RaceChecker, ForgetTrimsPartiallyOverlappingRecords) {
   EXPECT_TRUE(f.rc.record_op(f.s2, "after", {W(0, 64)}).empty());
 }
 
+TEST(RaceChecker, ReleaseForgetsOnlyWhatTheClockCompletesInTheRange) {
+  Fixture f;
+  Timeline s3 = f.rc.add_timeline("sim:0 stream 3");
+  // A block [0, 64) used on s1 (the owner) and on s2 (record_stream), and read on s3 unordered.
+  EXPECT_TRUE(f.rc.record_op(f.s2, "use on s2", {W(0, 64)}).empty());
+  const VectorClock at_free = f.rc.snapshot(f.s2);  // "event" recorded on s2 when freed
+  EXPECT_TRUE(f.rc.record_op(s3, "stray read", {R(48, 56)}).size() == 1u);  // races with s2
+  EXPECT_TRUE(f.rc.record_op(f.s2, "later use on s2", {W(128, 192)}).empty());
+  f.rc.release(kBase, kBase + 64, at_free);
+  // The s2 use completed: the reuse on s1 does not race with it, but still with s3's read.
+  std::vector<Race> reuse = f.rc.record_op(f.s1, "reuse", {W(0, 64)});
+  ASSERT_EQ(reuse.size(), 1u);
+  EXPECT_EQ(reuse[0].earlier_op, "stray read");
+  // Nothing outside the range was released and no clock moved: s2's later write still races,
+  // and other memory s2 wrote before the free is not ordered for s1 either.
+  EXPECT_EQ(f.rc.record_op(f.s1, "other", {R(128, 192)}).size(), 1u);
+  EXPECT_EQ(f.rc.snapshot(kHost), (VectorClock{0, 0, 0, 0}));
+  EXPECT_EQ(f.rc.snapshot(f.s1)[static_cast<size_t>(f.s2)], 0u);
+}
+
+TEST(RaceChecker, ReleaseTrimsPartiallyOverlappingRecords) {
+  Fixture f;
+  f.rc.record_op(f.s2, "w", {W(0, 128)});
+  f.rc.release(kBase + 32, kBase + 64, f.rc.snapshot(f.s2));
+  EXPECT_EQ(f.rc.history_size(), 2u);  // [0, 32) and [64, 128) are kept
+  EXPECT_TRUE(f.rc.record_op(f.s1, "inside", {W(32, 64)}).empty());
+  EXPECT_EQ(f.rc.record_op(f.s1, "left", {R(0, 32)}).size(), 1u);
+  EXPECT_EQ(f.rc.record_op(f.s1, "right", {R(64, 72)}).size(), 1u);
+  // A clock that does not cover the record releases nothing.
+  f.rc.record_op(f.s2, "w2", {W(256, 320)});
+  f.rc.release(kBase + 256, kBase + 320, VectorClock{0, 0, 1});
+  EXPECT_EQ(f.rc.record_op(f.s1, "after", {R(256, 320)}).size(), 1u);
+  EXPECT_THROW(f.rc.release(kBase, kBase + 1, VectorClock(9, 0)), std::invalid_argument);
+}
+
 TEST(RaceChecker, HistoryStaysBoundedForRepeatedWritesOnOneStream) {
   Fixture f;
   for (int i = 0; i < 10000; ++i) {

@@ -264,6 +264,42 @@ def test_memory_stats_follow_allocations() -> None:
     assert torch.accelerator.memory_allocated(0) == before
 
 
+def test_memory_stats_count_active_blocks() -> None:
+    before = torch.accelerator.memory_stats(0)["active.all.current"]
+    xs = [torch.empty(N, device="sim:0") for _ in range(3)]
+    assert torch.accelerator.memory_stats(0)["active.all.current"] == before + 3
+    del xs
+    assert torch.accelerator.memory_stats(0)["active.all.current"] == before
+
+
+@pytest.mark.parametrize("kind", ["factory", "fallback"])
+def test_record_stream_release_orders_the_reuse_of_that_block_only(kind: str) -> None:
+    """The allocator learning that a record_stream()'d use completed (when it hands the block out
+    again) orders that block's reuse, not the host nor any stream: other memory the side stream
+    wrote is still unordered for the default stream."""
+    s = torch.Stream(device="sim:0")
+    other = settled(torch.zeros(N, device="sim:0"))
+    t = settled(torch.zeros(N, device="sim:0"))
+    src = settled(torch.zeros(N, device="sim:0"))
+    with s:
+        other.fill_(2)  # written on s; the default stream never waits for s
+        t.add_(1)
+    t.record_stream(s)
+    ptr = t.data_ptr()
+    del t
+    if kind == "factory":  # the allocator reports the reuse as an op of its own
+        z = torch.empty(N, device="sim:0")
+    else:  # the fallback allocates add's result: the reuse is reported with add's accesses
+        z = src + 1
+    assert z.data_ptr() == ptr  # the block came back and was reused on the default stream
+    assert races_at(ptr, N * 4) == []  # its use on s is complete for the allocator
+    _ = other.sum()  # default stream, not ordered after s: a race on a GPU
+    found = races_on(other)
+    assert len(found) == 1
+    assert found[0].earlier_op == "aten::fill_.Scalar" and found[0].earlier_stream == label(s)
+    assert found[0].later_stream == label(default_stream(0))
+
+
 # ---- cross-device copies -----------------------------------------------------------------------
 def test_cross_device_copy_is_ordered_after_both_current_streams() -> None:
     x = torch.arange(N, device="sim:0", dtype=torch.float32)
@@ -385,6 +421,53 @@ def test_host_write_of_an_async_copy_source_before_the_sync_races() -> None:
     del y
 
 
+@SIM_PINNED
+def test_async_copies_with_pinned_memory_on_one_stream_do_not_race() -> None:
+    """The host-side check watches host ops, not the device's copies: copies with pinned memory
+    queued on one stream are ordered by that stream."""
+    x = torch.ones(N, device="sim:0")
+    p = torch.empty(N).pin_memory()
+    sim.synchronize(0)
+    p.copy_(x, non_blocking=True)  # D2H into p, pending
+    p.copy_(x, non_blocking=True)  # again, after the first one on the stream
+    y = torch.empty(N, device="sim:0")
+    y.copy_(p, non_blocking=True)  # H2D from p, after the D2H on the stream
+    z = p.to("sim:0", non_blocking=True)  # the same through aten::to / _to_copy
+    assert sim.races() == []
+    _ = p.sum()  # a host op still sees the pending D2H
+    assert len(races_on(p)) == 1 and races_on(p)[0].later_stream == "host"
+    current(0).synchronize()
+    assert torch.equal(y.cpu(), torch.ones(N)) and torch.equal(z.cpu(), torch.ones(N))
+
+
+@SIM_PINNED
+def test_host_read_of_an_async_copy_result_inside_a_view_op_races() -> None:
+    """p.to(dtype) is aten::to (an aliasing op that reads nothing itself) around aten::_to_copy,
+    which reads p: the inner op is checked."""
+    x = torch.ones(N, device="sim:0")
+    p = torch.empty(N).pin_memory()
+    sim.synchronize(0)
+    p.copy_(x, non_blocking=True)
+    z = p.to(torch.float64)
+    found = races_on(p)
+    assert len(found) == 1
+    assert found[0].later_stream == "host" and found[0].later_op.startswith("aten::_to_copy")
+    assert not found[0].later_write and found[0].earlier_write
+    current(0).synchronize()
+    assert torch.equal(z, torch.ones(N, dtype=torch.float64))
+
+
+@SIM_PINNED
+def test_freeing_pinned_memory_stops_watching_it() -> None:
+    x = torch.ones(N, device="sim:0")
+    p = torch.empty(N).pin_memory()
+    sim.synchronize(0)
+    p.copy_(x, non_blocking=True)
+    assert sim._C._sim_pending_host_accesses() == 1
+    del p  # given back to the system (a bug on a GPU before the copy completes; gone here)
+    assert sim._C._sim_pending_host_accesses() == 0
+
+
 def test_blocking_copy_to_host_synchronizes_the_stream() -> None:
     x = torch.ones(N, device="sim:0")
     host = x.cpu()  # the host waits for the default stream
@@ -403,6 +486,55 @@ def test_item_synchronizes_the_stream() -> None:
     z = y + 1
     assert sim.races() == []
     del z
+
+
+@pytest.mark.parametrize("how", ["tensor", "storage"])
+def test_growing_resize_copies_the_old_bytes_on_the_current_stream(how: str) -> None:
+    def grow(x: torch.Tensor) -> None:
+        if how == "tensor":
+            x.resize_(2 * N)
+        else:
+            x.untyped_storage().resize_(2 * N * 4)
+
+    s = torch.Stream(device="sim:0")
+    x = settled(torch.zeros(N, device="sim:0"))
+    with s:
+        x.fill_(3)  # written on s
+    old = x.data_ptr()
+    grow(x)  # default stream: reads the old bytes into a new block, not ordered after s
+    assert x.data_ptr() != old
+    found = races_at(old, N * 4)
+    assert len(found) == 1
+    assert found[0].earlier_op == "aten::fill_.Scalar" and found[0].earlier_stream == label(s)
+    assert found[0].later_op.startswith("aten::resize_") and not found[0].later_write
+    assert found[0].later_stream == label(default_stream(0))
+    sim.clear_races()
+    with s:
+        _ = x.sum()  # the new block was written on the default stream: s reads it unordered
+    found = races_on(x)
+    assert found and found[0].earlier_op.startswith("aten::resize_") and found[0].earlier_write
+    sim.synchronize(0)
+    sim.clear_races()
+    # ordered: clean, and the values survive
+    y = settled(torch.zeros(N, device="sim:0"))
+    s.wait_stream(current(0))
+    with s:
+        y.fill_(3)
+    current(0).wait_stream(s)
+    grow(y)
+    assert sim.races() == []
+    assert torch.equal(y[:N].cpu(), torch.full((N,), 3.0))
+
+
+def test_strict_mode_raises_at_a_racy_resize_before_it_resizes() -> None:
+    s = torch.Stream(device="sim:0")
+    x = settled(torch.zeros(N, device="sim:0"))
+    with s:
+        x.fill_(3)
+    sim.set_strict(True)
+    with pytest.raises(sim.RaceError, match="resize_"):
+        x.resize_(2 * N)
+    assert x.shape == (N,) and x.untyped_storage().nbytes() == N * 4
 
 
 # ---- views -------------------------------------------------------------------------------------
@@ -445,6 +577,45 @@ def test_overlapping_views_race(first: Callable, second: Callable, overlap: Tupl
     assert found
     assert found[0].begin == x.data_ptr() + overlap[0] * 4
     assert found[0].end == x.data_ptr() + overlap[1] * 4
+
+
+@pytest.mark.parametrize(
+    "shape, first, second",
+    [
+        ((65, 1024), lambda x: x[:, :512], lambda x: x[:, 512:]),  # 65 runs each
+        ((1000,), lambda x: x[0::2], lambda x: x[1::2]),  # 500 runs each
+        ((1 << 17,), lambda x: x[0::2], lambda x: x[1::2]),  # 65536 runs each
+        ((2, 300, 300), lambda x: x[0, :, 0::2], lambda x: x[1, :, 1::2]),  # 45000 runs each
+        # over kMaxRuns (262144 runs): each row is covered by its bounding range, rows stay exact
+        ((4, 1 << 17), lambda x: x[:2, 0::2], lambda x: x[2:, 1::2]),
+    ],
+)
+def test_disjoint_views_with_many_runs_do_not_race(
+    shape: Tuple[int, ...], first: Callable, second: Callable
+) -> None:
+    x = settled(torch.zeros(shape, device="sim:0"))
+    s = torch.Stream(device="sim:0")
+    start = time.perf_counter()
+    with s:
+        first(x).fill_(1)
+    second(x).fill_(2)
+    elapsed = time.perf_counter() - start
+    assert sim.races() == []
+    assert elapsed < 2.0
+    sim.synchronize(0)
+    assert first(x).eq(1).all().item() and second(x).eq(2).all().item()
+
+
+def test_overlapping_views_with_many_runs_race_on_the_shared_bytes_only() -> None:
+    x = settled(torch.zeros(65, 1024, device="sim:0"))
+    s = torch.Stream(device="sim:0")
+    with s:
+        x[:, :513].fill_(1)
+    x[:, 512:].fill_(2)
+    found = sim.races()
+    assert len(found) == 65  # one shared element per row
+    shared = [x.data_ptr() + (row * 1024 + 512) * 4 for row in range(65)]
+    assert sorted((r.begin, r.end) for r in found) == [(b, b + 4) for b in shared]
 
 
 def test_views_share_storage_and_record_no_access() -> None:
@@ -542,6 +713,55 @@ def test_event_elapsed_time() -> None:
         a.elapsed_time(c)
 
 
+def test_one_event_recorded_and_waited_on_from_many_threads() -> None:
+    """record() on some threads while wait/synchronize/query read the event on others, with
+    clocks growing meanwhile (new exclusive streams): the event's state is guarded."""
+    import threading
+
+    e = torch.Event(device="sim:0")
+    stop = threading.Event()
+    errors: List[BaseException] = []
+
+    def guarded(fn: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                while not stop.is_set():
+                    fn()
+            except BaseException as ex:  # noqa: BLE001
+                errors.append(ex)
+        return run
+
+    s, w = torch.Stream(device="sim:0"), torch.Stream(device="sim:0")
+    threads = [threading.Thread(target=guarded(f)) for f in (
+        lambda: e.record(s), lambda: e.record(s),
+        lambda: (e.wait(w), e.synchronize(), e.query()), lambda: (e.wait(w), e.synchronize()))]
+    for t in threads:
+        t.start()
+    try:
+        pipelines = [tp.Pipeline() for _ in range(64)]
+        for p in pipelines:
+            p.stream("sim:0")  # a new timeline each: every clock grows
+        time.sleep(0.2)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert errors == []
+    e.record(s)
+    w.wait_event(e)
+    e.synchronize()
+    assert e.query()
+
+
+def test_synchronize_rejects_negative_devices() -> None:
+    for bad in (-5, -1):
+        with pytest.raises(ValueError, match="must be >= 0"):
+            sim.synchronize(bad)
+    with pytest.raises(ValueError, match="-1"):
+        sim._C._sim_synchronize(-5)
+    sim._C._sim_synchronize(-1)  # the binding's "every device"
+
+
 # ---- strict mode -------------------------------------------------------------------------------
 def test_strict_mode_raises_at_the_racing_op_before_it_runs() -> None:
     x = torch.ones(N, device="sim:0")
@@ -634,7 +854,7 @@ def test_sim_is_the_accelerator_with_torch_device_module() -> None:
 
 def test_streams_new_pool_and_priorities() -> None:
     a, b = torch.Stream(device="sim:0"), torch.Stream(device="sim:0")
-    assert a != b and a.stream_id != 0 and b.stream_id != 0  # getNewStream: a fresh one each call
+    assert a != b and a.stream_id != 0 and b.stream_id != 0  # the next streams of the pool
     assert sim._C._sim_stream_priority(torch.Stream(device="sim:0", priority=-1)) == -1
     assert sim._C._sim_stream_priority(torch.Stream(device="sim:0", priority=-100)) == -3  # clamped
     assert sim._C._sim_stream_priority(torch.Stream(device="sim:0", priority=5)) == 0
@@ -647,6 +867,23 @@ def test_streams_new_pool_and_priorities() -> None:
     with pytest.raises(ValueError, match="no stream with id"):
         torch.accelerator.set_stream(torch.Stream(stream_id=10**6, device_index=0,
                                                   device_type=_sim_type()))
+
+
+def test_torch_stream_draws_from_pools_of_32_like_cuda() -> None:
+    """torch.Stream() is getNewStream: as on CUDA, the next stream of the pool of its priority (32
+    per priority and device), so the 33rd is the first again and no number of torch.Stream()
+    calls grows the checker's clocks. Pipelines get exclusive streams instead."""
+    for priority in (0, -1, -3):
+        streams = [torch.Stream(device="sim:1", priority=priority) for _ in range(33)]
+        assert len({s.stream_id for s in streams[:32]}) == 32 and streams[32] == streams[0]
+        assert all(sim._C._sim_stream_priority(s) == priority for s in streams)
+        assert all("pool" in label(s) for s in streams)
+    ids = {torch.Stream(device="sim:1").stream_id for _ in range(200)}
+    assert len(ids) == 32 and 0 not in ids
+    live = [tp.Pipeline() for _ in range(3)]
+    exclusive = [p.stream("sim:1") for p in live]
+    assert not {s.stream_id for s in exclusive} & ids
+    assert all("exclusive" in label(s) for s in exclusive)
 
 
 def test_current_stream_is_per_thread_and_per_device() -> None:

@@ -174,6 +174,8 @@ def _index(device: DeviceLike) -> int:
     if isinstance(device, bool):
         raise TypeError("device must be a torch.device, a str, an int or None, got a bool")
     if isinstance(device, int):
+        if device < 0:
+            raise ValueError(f"device index must be >= 0, got {device}")
         return device
     d = torch.device(device)
     if d.type != _BACKEND:

@@ -1,0 +1,221 @@
+#include "ops.h"
+
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+namespace torch_pipeline {
+namespace sim {
+namespace {
+
+// ---- per-operator facts -------------------------------------------------------------------------
+bool is_write(const c10::AliasInfo* ai) {
+  if (ai == nullptr) {
+    return false;
+  }
+  if (ai->isWrite()) {
+    return true;
+  }
+  for (const auto& c : ai->containedTypes()) {
+    if (c.isWrite()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+bool tensor_like(const c10::TypePtr& type) {
+  switch (type->kind()) {
+    case c10::TypeKind::TensorType:
+      return true;
+    case c10::TypeKind::ListType:
+      return tensor_like(type->castRaw<c10::ListType>()->getElementType());
+    case c10::TypeKind::OptionalType:
+      return tensor_like(type->castRaw<c10::OptionalType>()->getElementType());
+    default:
+      return false;
+  }
+}
+
+const std::unordered_set<std::string>& metadata_ops() {
+  static const auto* ops = new std::unordered_set<std::string>{
+      "aten::is_set_to", "aten::_nnz", "aten::sparse_dim", "aten::dense_dim",
+      "aten::is_coalesced", "aten::_is_zerotensor", "aten::is_pinned", "aten::record_stream"};
+  return *ops;
+}
+
+const std::unordered_set<std::string>& host_sync_ops() {
+  // Ops whose CUDA kernels wait for the device: their output size depends on the data.
+  static const auto* ops = new std::unordered_set<std::string>{
+      "aten::nonzero", "aten::masked_select", "aten::_unique", "aten::_unique2",
+      "aten::unique_dim", "aten::unique_consecutive", "aten::unique_dim_consecutive",
+      "aten::repeat_interleave", "aten::equal"};
+  return *ops;
+}
+
+OpFacts compute_facts(const c10::FunctionSchema& s) {
+  OpFacts f;
+  f.name = s.name();
+  if (!s.overload_name().empty()) {
+    f.name += "." + s.overload_name();
+  }
+  bool any_write = false;
+  for (const auto& arg : s.arguments()) {
+    const bool w = is_write(arg.alias_info());
+    f.write.push_back(w ? 1 : 0);
+    any_write |= w;
+  }
+  bool all_views = !s.returns().empty();
+  bool any_tensor_return = false;
+  for (const auto& ret : s.returns()) {
+    const auto* ai = ret.alias_info();
+    if (ai == nullptr || is_write(ai)) {
+      all_views = false;
+    }
+    any_tensor_return |= tensor_like(ret.type());
+  }
+  f.metadata_only = (all_views && !any_write) || metadata_ops().count(s.name()) > 0;
+  f.syncs_host = !f.metadata_only &&
+      ((!s.returns().empty() && !any_tensor_return) || host_sync_ops().count(s.name()) > 0);
+  return f;
+}
+
+std::mutex g_facts_mutex;
+auto* g_facts = new std::unordered_map<c10::OperatorName, std::unique_ptr<OpFacts>>();
+
+}  // namespace
+
+const OpFacts& op_facts(const c10::OperatorHandle& op) {
+  std::lock_guard<std::mutex> lock(g_facts_mutex);
+  auto& slot = (*g_facts)[op.operator_name()];
+  if (!slot) {
+    slot = std::make_unique<OpFacts>(compute_facts(op.schema()));
+  }
+  return *slot;
+}
+
+const OpFacts& op_facts(const c10::OperatorName& name) {
+  {
+    std::lock_guard<std::mutex> lock(g_facts_mutex);
+    auto it = g_facts->find(name);
+    if (it != g_facts->end()) {
+      return *it->second;
+    }
+  }
+  // Outside our lock: the dispatcher takes its own.
+  if (const std::optional<c10::OperatorHandle> op =
+          c10::Dispatcher::singleton().findSchema(name)) {
+    return op_facts(*op);
+  }
+  static const OpFacts* unknown = new OpFacts();  // not cached: the schema may come later
+  return *unknown;
+}
+
+// ---- byte ranges -------------------------------------------------------------------------------
+void add_accesses(const at::Tensor& t, bool write, const std::string& memory,
+                  std::vector<Access>& out) {
+  if (!t.defined() || !t.has_storage()) {
+    return;
+  }
+  const int64_t numel = t.numel();
+  if (numel == 0) {
+    return;
+  }
+  const auto base = reinterpret_cast<uintptr_t>(t.storage().data());
+  if (base == 0) {
+    return;
+  }
+  const auto item = static_cast<int64_t>(t.element_size());
+  const auto sizes = t.sizes();
+  const auto strides = t.strides();
+  const int64_t offset = t.storage_offset();
+  const int64_t ndim = t.dim();
+  // In elements of the storage: [begin, end).
+  auto push = [&](int64_t begin, int64_t end) {
+    Access a;
+    a.begin = base + static_cast<uintptr_t>(begin * item);
+    a.end = base + static_cast<uintptr_t>(end * item);
+    a.write = write;
+    a.memory = memory;
+    out.push_back(std::move(a));
+  };
+  // The bounding range: every element lies in [lo, hi].
+  int64_t lo = offset;
+  int64_t hi = offset;
+  for (int64_t d = 0; d < ndim; ++d) {
+    if (sizes[d] != 1) {
+      const int64_t extent = (sizes[d] - 1) * strides[d];
+      (extent >= 0 ? hi : lo) += extent;
+    }
+  }
+  if (t.is_non_overlapping_and_dense()) {
+    push(lo, hi + 1);
+    return;
+  }
+  // The innermost dims that form contiguous runs of `run` elements: dims [k+1, ndim).
+  int64_t k = ndim - 1;
+  int64_t run = 1;
+  while (k >= 0 && (sizes[k] == 1 || strides[k] == run)) {
+    run *= sizes[k];
+    --k;
+  }
+  // Each run starts at an index of dims [0, k] and covers `span` elements from there. Too many
+  // runs: the innermost of those dims joins the span (its bounding range), exact in the others.
+  int64_t span = run;
+  int64_t runs = numel / run;
+  while (runs > kMaxRuns && k >= 0) {
+    if (sizes[k] != 1) {
+      if (strides[k] < 0) {
+        push(lo, hi + 1);
+        return;
+      }
+      span += (sizes[k] - 1) * strides[k];
+      runs /= sizes[k];
+    }
+    --k;
+  }
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  ranges.reserve(static_cast<size_t>(runs));
+  std::vector<int64_t> index(static_cast<size_t>(k + 1), 0);
+  int64_t start = offset;
+  for (int64_t r = 0; r < runs; ++r) {
+    ranges.emplace_back(start, start + span);
+    for (int64_t j = k; j >= 0; --j) {  // the next index, odometer order
+      if (++index[static_cast<size_t>(j)] < sizes[j]) {
+        start += strides[j];
+        break;
+      }
+      index[static_cast<size_t>(j)] = 0;
+      start -= (sizes[j] - 1) * strides[j];
+    }
+  }
+  std::sort(ranges.begin(), ranges.end());
+  int64_t b = ranges.front().first;
+  int64_t e = ranges.front().second;
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i].first <= e) {
+      e = std::max(e, ranges[i].second);
+    } else {
+      push(b, e);
+      b = ranges[i].first;
+      e = ranges[i].second;
+    }
+  }
+  push(b, e);
+}
+
+void copy_math_bits(const at::Tensor& from, c10::TensorImpl* to) {
+  if (from.is_conj()) {
+    to->_set_conj(true);
+  }
+  if (from.is_neg()) {
+    to->_set_neg(true);
+  }
+}
+
+}  // namespace sim
+}  // namespace torch_pipeline
