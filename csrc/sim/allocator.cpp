@@ -140,25 +140,23 @@ class SimAllocator final : public c10::DeviceAllocator {
   }
 
   void resetAccumulatedStats(c10::DeviceIndex d) override {
-    d = check_device(d);
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto& s = stats_[static_cast<size_t>(d)];
-    for (auto* array : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes,
-                        &s.reserved_bytes, &s.active_bytes, &s.requested_bytes}) {
-      for (auto& stat : *array) {
-        stat.reset_accumulated();
-      }
-    }
+    for_each_stat(d, [](auto& stat) { stat.reset_accumulated(); });
   }
 
   void resetPeakStats(c10::DeviceIndex d) override {
+    for_each_stat(d, [](auto& stat) { stat.reset_peak(); });
+  }
+
+  // Calls fn on every statistic of device d (under the allocator's lock).
+  template <typename Fn>
+  void for_each_stat(c10::DeviceIndex d, Fn fn) {
     d = check_device(d);
     std::lock_guard<std::mutex> lock(mutex_);
     auto& s = stats_[static_cast<size_t>(d)];
     for (auto* array : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes,
                         &s.reserved_bytes, &s.active_bytes, &s.requested_bytes}) {
       for (auto& stat : *array) {
-        stat.reset_peak();
+        fn(stat);
       }
     }
   }
