@@ -61,8 +61,9 @@ double PipelineEvent::elapsed_time(const PipelineEvent& end, const c10::Device& 
       enable_timing_ && end.enable_timing_,
       "elapsed_time needs both events created with enable_timing=True");
   if (&end == this) {
+    const std::vector<c10::Device> recorded = devices();
     TORCH_CHECK_VALUE(
-        std::find(devices().begin(), devices().end(), device) != devices().end(),
+        std::find(recorded.begin(), recorded.end(), device) != recorded.end(),
         "elapsed_time: the event was not recorded on ", device);
     return 0.0;
   }

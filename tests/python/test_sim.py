@@ -1219,6 +1219,14 @@ def test_events_and_wait_pipeline_order_two_pipelines() -> None:
     assert sim.races() == []
 
 
+def test_pipeline_event_elapsed_time_to_itself() -> None:
+    ev = tp.PipelineEvent(enable_timing=True)
+    with pytest.raises(ValueError, match="not recorded on sim:0"):
+        ev.elapsed_time(ev, "sim:0")
+    tp.Pipeline().record_event(ev)
+    assert ev.elapsed_time(ev, "sim:0") == 0.0
+
+
 def test_two_pipelines_without_a_wait_race() -> None:
     a, b = tp.Pipeline(), tp.Pipeline()
     x = settled(torch.zeros(N, device="sim:0"))
