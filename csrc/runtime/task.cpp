@@ -31,14 +31,8 @@ void TaskSync::wait_for_submitter(PipelineImpl& p) {
 
 void TaskSync::record_end(PipelineImpl& p) {
   DeviceStreams lane = lane_streams(p);
-  for (const auto& de : start_) {
-    const bool present = std::any_of(
-        lane.begin(), lane.end(), [&](const auto& ds) { return ds.first == de.first; });
-    if (!present) {
-      lane.emplace_back(de.first, pipeline_stream(p, de.first));
-    }
-  }
-  // Devices the task may have initialised itself (its first use of the accelerator).
+  // Every device that may hold work of the task: those initialised when it was submitted (the
+  // devices of start_; initialisation is never undone) and those it initialised itself.
   for (const c10::Device& d : initialized_accelerator_devices()) {
     const bool present = std::any_of(
         lane.begin(), lane.end(), [&](const auto& ds) { return ds.first == d; });
