@@ -95,6 +95,17 @@ DependencyTracker::ClockView DependencyTracker::clock_at(uint32_t stream, uint64
   return v;
 }
 
+DependencyTracker::Op DependencyTracker::op_at(uint32_t stream, uint64_t seq) const {
+  Op op;
+  op.stream = stream;
+  op.seq = seq;
+  const auto& history = streams_[stream].history;
+  auto it = std::upper_bound(history.begin(), history.end(), seq,
+                             [](uint64_t s, const HistoryEntry& e) { return s < e.first_seq; });
+  if (it != history.begin()) op.clock = std::prev(it)->clock;
+  return op;
+}
+
 void DependencyTracker::prune_history(uint32_t stream) {
   auto& history = streams_[stream].history;
   // Positions the host knows completed need no clock (the host clock covers them and what they
@@ -218,6 +229,19 @@ DependencyTracker::Launch DependencyTracker::launch(StreamId stream,
     note_use(state);
   }
   return result;
+}
+
+void DependencyTracker::define(Position p, const std::vector<StorageId>& storages) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (p.seq == 0) throw std::invalid_argument("torch_pipeline: define() needs a launched position");
+  const uint32_t index = checked_index(p, "define()");
+  const Op op = op_at(index, p.seq);
+  for (const StorageId s : storages) {
+    StorageState& state = storages_[s];
+    state.writer = op;
+    state.readers.clear();
+    state.uses.assign(1, Use{index, p.seq});
+  }
 }
 
 void DependencyTracker::waited(StreamId waiter, Position producer) {

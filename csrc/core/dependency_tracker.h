@@ -101,6 +101,13 @@ class DependencyTracker {
   Launch launch(StreamId stream, const std::vector<StorageId>& reads,
                 const std::vector<StorageId>& writes);
 
+  // The op at `p` (launched, typically just now) created `storages` (its fresh outputs: memory
+  // nothing else used since it was allocated): each gets `p` as its last writer and no readers or
+  // other uses, replacing whatever state a recycled id still had. No wait is involved: fresh memory
+  // is kept from reuse by the allocator, not by the tracker. Throws std::invalid_argument if `p`
+  // has not been launched yet.
+  void define(Position p, const std::vector<StorageId>& storages);
+
   // An external wait the runtime inserted (user wait_event / wait_pipeline, a task's streams
   // waiting for the submitter): the next ops of `waiter` are ordered after `producer`.
   // Throws std::invalid_argument if `producer` has not been launched yet.
@@ -185,6 +192,7 @@ class DependencyTracker {
   const StreamState* find_stream(StreamId id) const;
   uint32_t checked_index(const Position& p, const char* what);  // validates p.seq > 0 positions
   ClockView clock_at(uint32_t stream, uint64_t seq) const;       // from history
+  Op op_at(uint32_t stream, uint64_t seq) const;                 // same, as a shared snapshot
   void prune_history(uint32_t stream);
   bool covered(const StreamState& st, uint32_t stream, uint64_t seq) const;
   void consider(uint32_t self, const StreamState& st, const Op& op);

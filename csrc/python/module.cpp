@@ -8,6 +8,7 @@
 #include "../runtime/devices.h"
 #include "../runtime/event.h"
 #include "../runtime/runtime.h"
+#include "../runtime/tracking.h"
 #include "../runtime/streams.h"
 
 #include <torch/csrc/utils/pybind.h>
@@ -398,6 +399,43 @@ makes another pipeline's stream on each of those devices wait for it.
     return py::cast(current_device(*acc));
   });
   m.def("_generation", &Runtime::current_generation);
+
+  // ---- automatic synchronization (tracking) ----
+  tracking::set_blocking_wait([](const tracking::Step& step) {
+    // The task being waited for needs the GIL: never hold it while waiting.
+    const bool holds_gil = !python::python_exiting() && Py_IsInitialized() && PyGILState_Check();
+    if (holds_gil) {
+      py::gil_scoped_release no_gil;
+      while (!step(python::kPollInterval)) {
+      }
+    } else {
+      while (!step(python::kPollInterval)) {
+      }
+    }
+  });
+  py::class_<tracking::TrackScope>(m, "_TrackScope")
+      .def(py::init<const std::vector<at::Tensor>&, const std::vector<at::Tensor>&>(),
+           py::arg("reads"), py::arg("writes"), py::call_guard<py::gil_scoped_release>());
+  m.def("_set_tracking_enabled", &tracking::set_enabled, py::arg("enabled"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Test switch: False stops automatic synchronization (tests use it to show the races it "
+        "removes). Not for production code.");
+  m.def("_tracking_enabled", &tracking::enabled);
+  m.def("_tracking_stats", [] {
+    const tracking::Stats s = tracking::stats();
+    py::dict d;
+    d["live"] = s.live;
+    d["ops"] = s.ops;
+    d["launches"] = s.launches;
+    d["waits"] = s.waits;
+    d["events"] = s.events;
+    d["host_waits"] = s.host_waits;
+    d["record_streams"] = s.record_streams;
+    d["hold_waits"] = s.hold_waits;
+    d["storages"] = s.storages;
+    d["streams"] = s.streams;
+    return d;
+  }, "Counters of automatic synchronization (for tests and monitoring).");
   m.def("_cuda_exclusive_streams", [] { return has_exclusive_streams(c10::kCUDA); });
   python::init_sim_bindings(m);
 }

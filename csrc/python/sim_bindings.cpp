@@ -79,6 +79,7 @@ streams and the memory.
   m.def("_sim_strict", &sim::strict);
   m.def("_sim_synchronize", &sim::synchronize, py::arg("device"));
   m.def("_sim_history_size", &sim::history_size);
+  m.def("_sim_raw_kernel", &sim::raw_kernel, py::arg("name"), py::arg("reads"), py::arg("writes"));
   m.def("_sim_pending_host_accesses", &sim::pending_host_accesses);
   m.def("_sim_stream_from_pool", &sim::stream_from_pool, py::arg("device"),
         py::arg("high_priority") = false);

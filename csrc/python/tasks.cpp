@@ -5,6 +5,9 @@
 #include "../runtime/context.h"
 #include "../runtime/devices.h"
 #include "../runtime/runtime.h"
+#include "../runtime/tracking.h"
+
+#include <torch/csrc/autograd/python_variable.h>
 
 #include <atomic>
 #include <chrono>
@@ -26,14 +29,16 @@ class PyTask final : public core::Task {
  public:
   PyTask(
       core::WorkerThread* worker, PipelinePtr pipeline, py::object fn, py::tuple args,
-      py::dict kwargs, py::object future, std::shared_ptr<TaskSync> sync)
+      py::dict kwargs, py::object future, std::shared_ptr<TaskSync> sync,
+      std::unique_ptr<tracking::TaskHold> hold)
       : worker_(worker),
         pipeline_(std::move(pipeline)),
         fn_(fn.release().ptr()),
         args_(args.release().ptr()),
         kwargs_(kwargs.release().ptr()),
         future_(future.release().ptr()),
-        sync_(std::move(sync)) {}
+        sync_(std::move(sync)),
+        hold_(std::move(hold)) {}
 
   ~PyTask() override {
     if (fn_ == nullptr) {
@@ -58,6 +63,7 @@ class PyTask final : public core::Task {
       complete("set_exception", make_runtime_error(e.what()));
     }
     drop_references();
+    hold_->release();  // the task no longer needs its tensors
     if (worker_->pending() == 0) {
       // Nothing else to run: let go of the GIL before waking the waiter, which needs it.
       worker_release_gil();
@@ -79,6 +85,7 @@ class PyTask final : public core::Task {
       }
       drop_references();
     }
+    hold_->release();
     sync_->mark_done();
   }
 
@@ -142,6 +149,7 @@ class PyTask final : public core::Task {
   // The interpreter is exiting: Python must not be touched. Leak the references.
   void abandon() noexcept {
     fn_ = args_ = kwargs_ = future_ = nullptr;
+    hold_->release();
     sync_->mark_done();
   }
 
@@ -152,6 +160,7 @@ class PyTask final : public core::Task {
   PyObject* kwargs_;
   PyObject* future_;
   std::shared_ptr<TaskSync> sync_;
+  std::unique_ptr<tracking::TaskHold> hold_;
 };
 
 // Wait step for the tasks of `w` up to `seq`.
@@ -169,6 +178,27 @@ py::list future_devices() {
     }
   }
   return devices;
+}
+
+// The tensors among a task's arguments: direct, or inside lists, tuples and dicts (a few levels
+// deep, as in f(batch), f([a, b]), f(tensors={"x": x})).
+void collect_tensors(py::handle obj, std::vector<at::Tensor>& out, int depth) {
+  if (THPVariable_Check(obj.ptr())) {
+    out.push_back(THPVariable_Unpack(obj.ptr()));
+    return;
+  }
+  if (depth <= 0) {
+    return;
+  }
+  if (PyList_Check(obj.ptr()) || PyTuple_Check(obj.ptr())) {
+    for (py::handle item : obj) {
+      collect_tensors(item, out, depth - 1);
+    }
+  } else if (PyDict_Check(obj.ptr())) {
+    for (auto item : py::reinterpret_borrow<py::dict>(obj)) {
+      collect_tensors(item.second, out, depth - 1);
+    }
+  }
 }
 
 }  // namespace
@@ -198,7 +228,14 @@ py::object submit(const PipelinePtr& p, py::object fn, py::tuple args, py::kwarg
   sync->record_submitter_position();
   future.attr("_tp_sync") = py::cast(sync);
 
-  auto task = std::make_unique<PyTask>(&worker, p, std::move(fn), std::move(args), std::move(kwargs), future, sync);
+  // The task sees its tensors as they are now: later writes from other threads wait for it.
+  std::vector<at::Tensor> tensors;
+  collect_tensors(args, tensors, 3);
+  collect_tensors(kwargs, tensors, 3);
+  auto hold = std::make_unique<tracking::TaskHold>(tensors, p->worker_id());
+
+  auto task = std::make_unique<PyTask>(
+      &worker, p, std::move(fn), std::move(args), std::move(kwargs), future, sync, std::move(hold));
   p->note_task(worker.submit(std::move(task)));
   return future;
 }

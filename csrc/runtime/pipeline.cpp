@@ -2,6 +2,7 @@
 
 #include "runtime.h"
 #include "streams.h"
+#include "tracking.h"
 
 #include <c10/util/Exception.h>
 
@@ -41,6 +42,7 @@ PipelineImpl::PipelineImpl(
     for (const auto& ds : streams_) {
       rt.note_live_stream(ds.second);
     }
+    tracking::pipeline_created();
   }
 }
 
@@ -53,6 +55,11 @@ PipelineImpl::~PipelineImpl() {
     rt.note_dead_stream(ds.second);
   }
   table_->release(slot_);
+  try {
+    tracking::pipeline_destroyed();
+  } catch (const std::exception& e) {
+    TORCH_WARN("torch_pipeline: could not stop automatic synchronization: ", e.what());
+  }
 }
 
 void PipelineImpl::check_usable() const {

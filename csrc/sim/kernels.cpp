@@ -774,5 +774,28 @@ void register_kernels() {
   fallback->fallback(torch::CppFunction::makeFromBoxedFunction<&sim_fallback>());
 }
 
+void raw_kernel(const std::string& name, const std::vector<at::Tensor>& reads,
+                const std::vector<at::Tensor>& writes) {
+  std::vector<c10::DeviceIndex> devices;
+  for (const auto* list : {&reads, &writes}) {
+    for (const at::Tensor& t : *list) {
+      TORCH_CHECK_VALUE(is_sim(t), "sim.raw_kernel takes sim tensors, got one on ", t.device());
+      if (std::find(devices.begin(), devices.end(), t.device().index()) == devices.end()) {
+        devices.push_back(t.device().index());
+      }
+    }
+  }
+  for (const c10::DeviceIndex d : devices) {
+    std::vector<Access> accesses;
+    for (const at::Tensor& t : reads) {
+      if (t.device().index() == d) add_accesses(t, false, accesses);
+    }
+    for (const at::Tensor& t : writes) {
+      if (t.device().index() == d) add_accesses(t, true, accesses);
+    }
+    record(current_timeline(check_device(d)), name, accesses);
+  }
+}
+
 }  // namespace sim
 }  // namespace torch_pipeline

@@ -7,6 +7,7 @@
 
 #include "race_checker.h"
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Stream.h>
 #include <c10/util/Exception.h>
 
@@ -42,6 +43,12 @@ void synchronize(int device);
 c10::Stream stream_from_pool(int device, bool high_priority);
 int stream_priority(const c10::Stream& stream);
 std::string stream_label(const c10::Stream& stream);
+
+// A kernel the dispatcher never sees (a raw launch on data pointers, as custom CUDA code does):
+// checks and records its accesses of sim tensors on the current stream of their device, named
+// `name`. Strict mode raises as for an op. Values are left as they are.
+void raw_kernel(const std::string& name, const std::vector<at::Tensor>& reads,
+                const std::vector<at::Tensor>& writes);
 
 // Number of access records the checker keeps (for tests).
 size_t history_size();

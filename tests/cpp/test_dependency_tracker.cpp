@@ -320,6 +320,47 @@ TEST(DependencyTracker, ForgetDropsTheStorageButPositionsKeepGrowing) {
   EXPECT_EQ(t.num_storages(), 0u);
 }
 
+TEST(DependencyTracker, DefineMakesTheOpTheWriterOfFreshStorages) {
+  DependencyTracker t;
+  const Position p = t.launch(1, {kY}, {}).position;  // 1@1 reads y and creates x
+  t.define(p, {kX});
+  // x is written by 1@1: a read on stream 2 waits for it, a read on stream 1 does not.
+  EXPECT_EQ(t.launch(2, {kX}, {}).waits, Waits{at(1, 1)});
+  EXPECT_EQ(t.launch(1, {kX}, {}).waits, kNone);
+  // Its uses start at the definition (the latest per stream: 1@2, the read above).
+  EXPECT_EQ(t.uses_off(kX, 3), (Waits{at(1, 2), at(2, 1)}));
+}
+
+TEST(DependencyTracker, DefineReplacesTheStateOfARecycledId) {
+  DependencyTracker t;
+  t.launch(2, {}, {kX});  // 2@1: the old storage behind id x
+  t.launch(3, {kX}, {});  // 3@1 (waits for 2@1)
+  const Position p = t.launch(1, {}, {}).position;
+  t.define(p, {kX});  // id x now names a new storage created by 1@1
+  // A write on stream 4 waits for the new writer only: the old writer and reader are gone.
+  EXPECT_EQ(t.launch(4, {}, {kX}).waits, Waits{at(1, 1)});
+  EXPECT_EQ(t.uses_off(kX, 4), kNone);
+}
+
+TEST(DependencyTracker, DefineUsesTheClockOfItsPosition) {
+  DependencyTracker t;
+  t.launch(2, {}, {kY});                              // 2@1 writes y
+  const Position p = t.launch(1, {kY}, {}).position;  // 1@1 waits for 2@1, creates x
+  t.define(p, {kX});
+  // A write of y on stream 3 after reading x: waiting for 1@1 implies 2@1.
+  EXPECT_EQ(t.launch(3, {kX}, {}).waits, Waits{at(1, 1)});
+  EXPECT_EQ(t.launch(3, {}, {kY}).waits, kNone);
+}
+
+TEST(DependencyTracker, DefineRejectsPositionsNotLaunched) {
+  DependencyTracker t;
+  EXPECT_THROW(t.define(at(1, 1), {kX}), std::invalid_argument);
+  EXPECT_THROW(t.define(at(1, 0), {kX}), std::invalid_argument);
+  t.launch(1, {}, {});
+  EXPECT_THROW(t.define(at(1, 2), {kX}), std::invalid_argument);
+  EXPECT_EQ(t.num_storages(), 0u);
+}
+
 TEST(DependencyTracker, UsesOffListsTheLatestUseOfOtherStreamsNotYetOrdered) {
   DependencyTracker t;
   const StreamId home = 1;

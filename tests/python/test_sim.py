@@ -7,20 +7,17 @@ Plus: ops on sim compute what they compute on the CPU (OpInfo samples and a hand
 
 Enabling sim renames PyTorch's PrivateUse1 backend for the rest of the process and makes "sim"
 torch.accelerator's device, which other test files (that expect no accelerator on a CPU machine)
-must not see. So this module runs in a child pytest process of its own: in the parent process each
-test below is replaced by a proxy that reports the child's verdict for it (the child runs the whole
-module once, on first use). Set TORCH_PIPELINE_SIM_TEST_CHILD=1 to run the tests in-process.
+must not see. So this module runs in a child pytest process of its own (see _sim_child.py). Set
+TORCH_PIPELINE_SIM_TEST_CHILD=1 to run the tests in-process.
 """
 from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import os
 import random
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -28,7 +25,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import pytest
 import torch
 
-IN_CHILD = os.environ.get("TORCH_PIPELINE_SIM_TEST_CHILD") == "1"
+from _sim_child import IN_CHILD, install_proxies
 N = 3000  # elements of the tensors used below (a size no other test tensor has)
 
 if IN_CHILD:
@@ -46,12 +43,15 @@ def _sim_enabled() -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def _fresh_state() -> Iterator[None]:
-    """Each test starts on the default streams with a synchronized host and no races."""
+    """Each test starts on the default streams with a synchronized host, no races, untracked."""
     if not IN_CHILD:
         yield
         return
 
     def reset() -> None:
+        # These tests check the device and the explicit synchronization of pipelines (events,
+        # waits, tasks): automatic synchronization, tested in test_tracking.py, stays off.
+        tp._C._set_tracking_enabled(False)
         sim.set_strict(False)
         for d in range(2):
             torch.accelerator.set_stream(default_stream(d))
@@ -1291,71 +1291,4 @@ def test_script_ending_right_after_a_sim_backward_exits_cleanly() -> None:
 
 
 # ---- running this module in a child process ------------------------------------------------------
-_CHILD_MAIN = """
-import json, sys
-import pytest
-
-class Collect:
-    def __init__(self):
-        self.results = {}
-
-    def pytest_runtest_logreport(self, report):
-        name = report.nodeid.split("::", 1)[1]
-        if report.when != "call" and report.outcome == "passed":
-            return
-        if report.outcome == "skipped" and isinstance(report.longrepr, tuple):
-            text = report.longrepr[2]
-        else:
-            text = report.longreprtext
-        if name not in self.results or self.results[name][0] == "passed":
-            self.results[name] = [report.outcome, text]
-
-collect = Collect()
-rc = pytest.main([sys.argv[1], "-q", "-p", "no:cacheprovider", "-p", "no:randomly"], plugins=[collect])
-with open(sys.argv[2], "w") as f:
-    json.dump({"rc": int(rc), "results": collect.results}, f)
-"""
-
-_child: Optional[Dict[str, Any]] = None
-
-
-def _child_results() -> Dict[str, Any]:
-    global _child
-    if _child is None:
-        with tempfile.TemporaryDirectory() as tmp:
-            report = os.path.join(tmp, "report.json")
-            env = dict(os.environ, TORCH_PIPELINE_SIM_TEST_CHILD="1")
-            proc = subprocess.run([sys.executable, "-c", _CHILD_MAIN, os.path.abspath(__file__), report],
-                                  env=env, capture_output=True, text=True, timeout=280)
-            if os.path.exists(report):
-                with open(report) as f:
-                    _child = json.load(f)
-            else:
-                _child = {"rc": proc.returncode, "results": {}}
-            _child["output"] = (proc.stdout + proc.stderr)[-6000:]
-            sys.stdout.write("".join(line + "\n" for line in proc.stdout.splitlines() if "[sim]" in line))
-    return _child
-
-
-def _proxy(name: str) -> Callable[[], None]:
-    def test() -> None:
-        child = _child_results()
-        mine = {k: v for k, v in child["results"].items() if k == name or k.startswith(name + "[")}
-        if not mine:
-            pytest.fail(f"the sim test process did not run {name} (exit code {child['rc']}):\n"
-                        f"{child['output']}", pytrace=False)
-        failed = {k: v[1] for k, v in mine.items() if v[0] == "failed"}
-        if failed:
-            pytest.fail("in the sim test process:\n" + "\n".join(f"{k}:\n{v}" for k, v in failed.items()),
-                        pytrace=False)
-        if all(v[0] == "skipped" for v in mine.values()):
-            pytest.skip(next(iter(mine.values()))[1])
-
-    test.__name__ = name
-    test.__doc__ = f"{name}, run in the sim test process"
-    return test
-
-
-if not IN_CHILD:
-    for _name in [n for n in list(globals()) if n.startswith("test_")]:
-        globals()[_name] = _proxy(_name)
+install_proxies(globals(), __file__)

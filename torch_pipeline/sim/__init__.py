@@ -35,7 +35,7 @@ from __future__ import annotations
 import atexit
 import sys
 import threading
-from typing import List, Optional, Union
+from typing import List, Optional, Sequence, Union
 
 import torch
 
@@ -190,6 +190,19 @@ def synchronize(device: DeviceLike = None) -> None:
     """
     _require_enabled()
     _C._sim_synchronize(_index(device))
+
+
+def raw_kernel(name: str, read: Sequence[torch.Tensor] = (), write: Sequence[torch.Tensor] = ()) -> None:
+    """Stands in for a kernel the dispatcher never sees (a raw launch on data pointers): checks and
+    records its accesses of the sim tensors ``read`` and ``write`` on the current stream of their
+    device, like an op's (strict mode raises :class:`RaceError`). Values are left as they are.
+    Pair it with :func:`torch_pipeline.track` to show that declared accesses are synchronized.
+
+        >>> with tp.track(read=[x], write=[y]):
+        ...     sim.raw_kernel("my_kernel", read=[x], write=[y])
+    """
+    _require_enabled()
+    _C._sim_raw_kernel(name, list(read), list(write))
 
 
 # ---- the device module (torch.sim), used by torch's generic device code ------------------------

@@ -1,0 +1,901 @@
+#include "tracking.h"
+
+#include "../core/worker_pool.h"
+#include "devices.h"
+#include "op_facts.h"
+
+#include <ATen/record_function.h>
+#include <c10/core/Event.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <iostream>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+
+namespace torch_pipeline {
+namespace tracking {
+
+struct TaskHold::State {
+  explicit State(int worker) : worker_id(worker) {}
+  const int worker_id;
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool released = false;
+};
+
+namespace {
+
+using core::Position;
+using core::StorageId;
+using core::StreamId;
+using HoldPtr = std::shared_ptr<TaskHold::State>;
+
+constexpr StreamId kHostStream = -1;  // the host's timeline: CPU ops on watched memory
+constexpr size_t kEventRing = 32;     // events kept per stream, by position
+
+// ---- process-wide switches and counters (lock-free reads on the op path) ----------------------
+std::atomic<bool> g_live{false};
+std::atomic<bool> g_enabled{true};
+std::atomic<int64_t> g_pipelines{0};
+std::atomic<int64_t> g_holds{0};       // live TaskHolds with tensors
+std::atomic<int64_t> g_host_watch{0};  // CPU storages an async copy touched, not yet swept
+
+struct Counters {
+  std::atomic<uint64_t> ops{0}, launches{0}, waits{0}, events{0}, host_waits{0},
+      record_streams{0}, hold_waits{0};
+};
+Counters g_counters;
+
+std::mutex& life_mutex() {  // serialises going live / idle
+  static auto* m = new std::mutex();
+  return *m;
+}
+std::optional<at::CallbackHandle> g_callback;  // guarded by life_mutex
+
+std::mutex g_wait_mutex;
+BlockingWait* g_blocking_wait = nullptr;  // guarded by g_wait_mutex
+
+// ---- the state of one live period ----------------------------------------------------------
+struct StreamEntry {
+  StreamEntry(StreamId i, const c10::Stream& s) : id(i), stream(s), events(kEventRing), seqs(kEventRing, 0) {}
+  StreamId id;
+  c10::Stream stream;
+  // events[seq % kEventRing] was recorded after position seqs[...]; a slot whose event is being
+  // synchronized by the host (use_count > 1) gets a new event instead of a re-record.
+  std::vector<std::shared_ptr<c10::Event>> events;
+  std::vector<uint64_t> seqs;
+};
+
+struct StorageEntry {
+  StorageEntry(c10::weak_intrusive_ptr<c10::StorageImpl> w, StorageId i)
+      : weak(std::move(w)), id(i) {}
+  c10::weak_intrusive_ptr<c10::StorageImpl> weak;  // keeps the address from being reused
+  StorageId id;
+  bool host_watched = false;         // a CPU storage an async copy touched
+  std::vector<StreamId> recorded;    // streams recorded with the allocator (record_stream)
+  std::vector<HoldPtr> holds;        // tasks holding it
+};
+
+struct LiveState {
+  std::mutex mutex;
+  uint64_t epoch = 0;  // bumped by every reset: positions of an older epoch are meaningless
+  std::unique_ptr<core::DependencyTracker> tracker = std::make_unique<core::DependencyTracker>();
+  std::unordered_map<c10::Stream, std::unique_ptr<StreamEntry>> streams;
+  std::unordered_map<StreamId, StreamEntry*> by_id;
+  StreamId next_stream = 1;
+  std::unordered_map<const c10::StorageImpl*, StorageEntry> storages;
+  StorageId next_storage = 1;
+  size_t inserted_since_sweep = 0;
+  // Go-live baseline: the streams current then; each stream seen for the first time waits once
+  // for the baseline event of its device.
+  std::vector<std::pair<c10::Stream, c10::Event>> baseline;
+};
+
+LiveState* g_state = new LiveState();  // replaced (the old one leaked) in a forked child
+
+struct ForkHandler {
+  ForkHandler() {
+    pthread_atfork(nullptr, nullptr, [] { g_state = new LiveState(); });
+  }
+} fork_handler;
+
+// ---- helpers (LiveState::mutex held where noted) ------------------------------------------------
+const c10::impl::DeviceGuardImplInterface* guard_impl(c10::DeviceType type) {
+  return c10::impl::getDeviceGuardImpl(type);
+}
+
+StreamEntry& stream_entry_locked(LiveState& st, const c10::Stream& s) {
+  auto it = st.streams.find(s);
+  if (it != st.streams.end()) {
+    return *it->second;
+  }
+  auto entry = std::make_unique<StreamEntry>(st.next_stream++, s);
+  for (const auto& [from, event] : st.baseline) {
+    if (from.device() == s.device() && from != s) {
+      event.block(s);
+      g_counters.waits.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  StreamEntry& out = *entry;
+  st.by_id.emplace(out.id, entry.get());
+  st.streams.emplace(s, std::move(entry));
+  return out;
+}
+
+// Drops the state of storages that died (sweeps amortised over insertions).
+void maybe_sweep_locked(LiveState& st) {
+  if (++st.inserted_since_sweep < std::max<size_t>(1024, st.storages.size())) {
+    return;
+  }
+  st.inserted_since_sweep = 0;
+  for (auto it = st.storages.begin(); it != st.storages.end();) {
+    if (it->second.weak.expired()) {
+      st.tracker->forget(it->second.id);
+      if (it->second.host_watched) {
+        g_host_watch.fetch_sub(1, std::memory_order_relaxed);
+      }
+      it = st.storages.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+StorageEntry& storage_entry_locked(LiveState& st, const c10::Storage& storage) {
+  const c10::StorageImpl* key = storage.unsafeGetStorageImpl();
+  auto it = st.storages.find(key);
+  if (it != st.storages.end()) {
+    return it->second;
+  }
+  maybe_sweep_locked(st);
+  return st.storages.emplace(key, StorageEntry(storage.getWeakStorageImpl(), st.next_storage++))
+      .first->second;
+}
+
+StorageEntry* find_storage_locked(LiveState& st, const c10::StorageImpl* key) {
+  auto it = st.storages.find(key);
+  return it == st.storages.end() || it->second.weak.expired() ? nullptr : &it->second;
+}
+
+// The event at (or, if recycled, after) position p of its stream.
+std::shared_ptr<c10::Event> event_at_locked(LiveState& st, const Position& p) {
+  StreamEntry& e = *st.by_id.at(p.stream);
+  const size_t slot = p.seq % kEventRing;
+  if (e.events[slot] && e.seqs[slot] >= p.seq) {
+    return e.events[slot];  // exact, or a later position of the stream: an over-wait, safe
+  }
+  // Not recorded yet: the op is still launching on another thread, which only a program that
+  // races on the host can observe. The stream's work so far covers it once it has launched.
+  auto ev = std::make_shared<c10::Event>(e.stream.device_type());
+  ev->record(e.stream);
+  g_counters.events.fetch_add(1, std::memory_order_relaxed);
+  return ev;
+}
+
+void record_locked(LiveState& st, StreamId id, uint64_t seq) {
+  StreamEntry& e = *st.by_id.at(id);
+  const size_t slot = seq % kEventRing;
+  auto& ev = e.events[slot];
+  if (!ev || ev.use_count() > 1) {
+    ev = std::make_shared<c10::Event>(e.stream.device_type());
+  }
+  ev->record(e.stream);
+  e.seqs[slot] = seq;
+  g_counters.events.fetch_add(1, std::memory_order_relaxed);
+}
+
+// ---- what an op touches -------------------------------------------------------------------------
+struct Access {
+  const at::Tensor* tensor;
+  bool write;
+};
+
+bool has_data(const at::Tensor& t) {
+  return t.defined() && t.has_storage() && t.storage().data() != nullptr;
+}
+
+void add_tensor(const at::Tensor& t, bool write, std::vector<Access>& out) {
+  if (has_data(t)) {
+    out.push_back(Access{&t, write});
+  }
+}
+
+// A tensor argument goes to `out`; the tensors of a list argument go to `items` (owned copies,
+// since a list hands out temporaries), with the list's write flag.
+void add_ivalue(const c10::IValue& v, bool write, std::vector<Access>& out,
+                std::vector<std::pair<at::Tensor, bool>>& items) {
+  if (v.isTensor()) {
+    add_tensor(v.toTensor(), write, out);
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& x : v.toTensorList()) {
+      items.emplace_back(x, write);
+    }
+  } else if (v.isOptionalTensorList()) {
+    for (const std::optional<at::Tensor>& x : v.toOptionalTensorList()) {
+      if (x.has_value()) {
+        items.emplace_back(*x, write);
+      }
+    }
+  } else if (v.isList()) {
+    for (const c10::IValue& x : v.toListRef()) {
+      if (x.isTensor()) {
+        items.emplace_back(x.toTensor(), write);
+      }
+    }
+  }
+}
+
+// Per-thread scratch of the op being observed (only the outermost one of a thread).
+struct Group {
+  c10::Device device;
+  c10::Stream stream;
+  StreamId id;
+  uint64_t seq;
+};
+
+struct Tls {
+  int level = 0;   // RecordFunction nesting on this thread
+  int active = 0;  // level of the observed (outermost) op, 0 if none
+  uint64_t epoch = 0;
+  bool async = false;  // a non_blocking copy: its CPU storages are accessed on the stream
+  std::vector<Group> groups;
+  std::vector<const c10::StorageImpl*> inputs;
+  std::vector<Access> accesses;
+  std::vector<std::pair<at::Tensor, bool>> list_items;  // tensors of list arguments, write flag
+  std::vector<StorageId> reads, writes;
+  std::vector<Access> scratch;
+};
+thread_local Tls tls;
+
+// ---- holds (tensors passed to submit) -----------------------------------------------------------
+void blocking_wait(const Step& step) {
+  BlockingWait wait;
+  {
+    std::lock_guard<std::mutex> lock(g_wait_mutex);
+    if (g_blocking_wait != nullptr) {
+      wait = *g_blocking_wait;
+    }
+  }
+  if (wait) {
+    wait(step);
+  } else {
+    while (!step(std::chrono::milliseconds(50))) {
+    }
+  }
+}
+
+// Writes to storages a task holds wait until the task is done (not on the task's own worker
+// thread: there the task is either running, the writer itself, or not started, behind the writer).
+void wait_for_holds(const std::vector<Access>& accesses) {
+  if (g_holds.load(std::memory_order_acquire) == 0) {
+    return;
+  }
+  std::vector<HoldPtr> wait;
+  const int me = core::WorkerThread::current_id();
+  {
+    LiveState& st = *g_state;
+    std::lock_guard<std::mutex> lock(st.mutex);
+    for (const Access& a : accesses) {
+      if (!a.write) {
+        continue;
+      }
+      StorageEntry* e = find_storage_locked(st, a.tensor->storage().unsafeGetStorageImpl());
+      if (e == nullptr || e->holds.empty()) {
+        continue;
+      }
+      auto& holds = e->holds;
+      holds.erase(std::remove_if(holds.begin(), holds.end(), [](const HoldPtr& h) {
+                    std::lock_guard<std::mutex> l(h->mutex);
+                    return h->released;
+                  }), holds.end());
+      for (const HoldPtr& h : holds) {
+        if (h->worker_id != me) {
+          wait.push_back(h);
+        }
+      }
+    }
+  }
+  for (const HoldPtr& h : wait) {
+    g_counters.hold_waits.fetch_add(1, std::memory_order_relaxed);
+    blocking_wait([&h](std::chrono::milliseconds timeout) {
+      std::unique_lock<std::mutex> lock(h->mutex);
+      return h->cv.wait_for(lock, timeout, [&] { return h->released; });
+    });
+  }
+}
+
+// ---- the host path: synchronous CPU accesses of watched memory ---------------------------------
+void host_access(const std::vector<Access>& cpu) {
+  LiveState& st = *g_state;
+  std::vector<std::shared_ptr<c10::Event>> events;
+  std::vector<Position> waits;
+  uint64_t epoch = 0;
+  Position position;
+  {
+    std::lock_guard<std::mutex> lock(st.mutex);
+    auto& reads = tls.reads;
+    auto& writes = tls.writes;
+    reads.clear();
+    writes.clear();
+    for (const Access& a : cpu) {
+      const StorageEntry* e = find_storage_locked(st, a.tensor->storage().unsafeGetStorageImpl());
+      if (e != nullptr && e->host_watched) {
+        (a.write ? writes : reads).push_back(e->id);
+      }
+    }
+    if (reads.empty() && writes.empty()) {
+      return;
+    }
+    auto launch = st.tracker->launch(kHostStream, reads, writes);
+    for (const Position& w : launch.waits) {
+      if (w.stream != kHostStream) {
+        events.push_back(event_at_locked(st, w));
+      }
+    }
+    waits = std::move(launch.waits);
+    position = launch.position;
+    epoch = st.epoch;
+  }
+  for (const auto& ev : events) {
+    ev->synchronize();
+    g_counters.host_waits.fetch_add(1, std::memory_order_relaxed);
+  }
+  std::lock_guard<std::mutex> lock(st.mutex);
+  if (st.epoch != epoch) {
+    return;
+  }
+  for (const Position& w : waits) {
+    st.tracker->completed(w);
+  }
+  st.tracker->completed(position);  // the CPU op runs now, synchronously
+}
+
+// ---- the device path --------------------------------------------------------------------------
+// Launches `accesses` (device tensors, and with async the CPU tensors of a non_blocking copy) on
+// the current streams of their devices: one tracker launch per device, waits inserted. Appends
+// the launched groups. `target`: the device of a non_blocking copy from the host (its first group).
+void device_launch(const std::vector<Access>& accesses, bool async, std::vector<Group>& groups,
+                   uint64_t& epoch, std::optional<c10::Device> target = std::nullopt) {
+  LiveState& st = *g_state;
+  // The devices, in order of first appearance (a copy to `target` runs there).
+  std::vector<c10::Device> devices;
+  if (target.has_value()) {
+    devices.push_back(*target);
+  }
+  for (const Access& a : accesses) {
+    const c10::Device d = a.tensor->device();
+    if (!d.is_cpu() && std::find(devices.begin(), devices.end(), d) == devices.end()) {
+      devices.push_back(d);
+    }
+  }
+  std::lock_guard<std::mutex> lock(st.mutex);
+  epoch = st.epoch;
+  for (size_t di = 0; di < devices.size(); ++di) {
+    const c10::Device device = devices[di];
+    const auto* impl = guard_impl(device.type());
+    const c10::Stream stream = impl->getStream(device);
+    StreamEntry& se = stream_entry_locked(st, stream);
+    auto& reads = tls.reads;
+    auto& writes = tls.writes;
+    reads.clear();
+    writes.clear();
+    for (const Access& a : accesses) {
+      const c10::Device d = a.tensor->device();
+      const bool cpu_here = d.is_cpu() && async && di == 0;  // a copy's host side: its stream
+      if (d != device && !cpu_here) {
+        continue;
+      }
+      const c10::Storage& storage = a.tensor->storage();
+      StorageEntry& e = storage_entry_locked(st, storage);
+      if (cpu_here) {
+        if (!e.host_watched) {
+          e.host_watched = true;
+          g_host_watch.fetch_add(1, std::memory_order_relaxed);
+        }
+      } else if (std::find(e.recorded.begin(), e.recorded.end(), se.id) == e.recorded.end()) {
+        // Allocator safety: the memory is not reused before this stream's use completes (a
+        // no-op on the stream the block was allocated on).
+        impl->recordDataPtrOnStream(storage.data_ptr(), stream);
+        e.recorded.push_back(se.id);
+        g_counters.record_streams.fetch_add(1, std::memory_order_relaxed);
+      }
+      (a.write ? writes : reads).push_back(e.id);
+    }
+    const auto launch = st.tracker->launch(se.id, reads, writes);
+    for (const Position& w : launch.waits) {
+      if (w.stream != kHostStream) {  // (a host op still synchronizing: only a racy program)
+        event_at_locked(st, w)->block(stream);
+      }
+    }
+    g_counters.launches.fetch_add(1, std::memory_order_relaxed);
+    g_counters.waits.fetch_add(launch.waits.size(), std::memory_order_relaxed);
+    groups.push_back(Group{device, stream, se.id, launch.position.seq});
+  }
+}
+
+// After the op: fresh outputs are defined by the op, and events are recorded at its positions.
+void finish(const std::vector<Group>& launched, uint64_t epoch, const std::vector<at::Tensor>* fresh,
+            bool async) {
+  LiveState& st = *g_state;
+  std::lock_guard<std::mutex> lock(st.mutex);
+  if (epoch != 0 && st.epoch != epoch) {
+    return;  // tracking went idle (and maybe live again) since the launch
+  }
+  std::vector<Group> groups = launched;
+  if (fresh != nullptr && !fresh->empty()) {
+    std::vector<std::pair<size_t, StorageId>> defined;  // group index, storage
+    for (const at::Tensor& t : *fresh) {
+      const c10::Device d = t.device();
+      size_t g = groups.size();
+      if (d.is_cpu()) {
+        if (!async || groups.empty()) {
+          continue;  // a CPU op's output: nothing pending on it
+        }
+        g = 0;  // the output of a non_blocking copy to the host: written on the copy's stream
+      } else {
+        for (size_t i = 0; i < groups.size(); ++i) {
+          if (groups[i].device == d) {
+            g = i;
+            break;
+          }
+        }
+        if (g == groups.size()) {
+          // A factory (no input on this device): the op ran on the device's current stream.
+          const c10::Stream stream = guard_impl(d.type())->getStream(d);
+          StreamEntry& se = stream_entry_locked(st, stream);
+          const auto launch = st.tracker->launch(se.id, {}, {});
+          g_counters.launches.fetch_add(1, std::memory_order_relaxed);
+          groups.push_back(Group{d, stream, se.id, launch.position.seq});
+        }
+      }
+      StorageEntry& e = storage_entry_locked(st, t.storage());
+      if (d.is_cpu()) {
+        if (!e.host_watched) {
+          e.host_watched = true;
+          g_host_watch.fetch_add(1, std::memory_order_relaxed);
+        }
+      } else {
+        e.recorded.assign(1, groups[g].id);  // allocated on that stream: no record_stream needed
+      }
+      defined.emplace_back(g, e.id);
+    }
+    for (size_t g = 0; g < groups.size(); ++g) {
+      std::vector<StorageId> ids;
+      for (const auto& [gi, id] : defined) {
+        if (gi == g) {
+          ids.push_back(id);
+        }
+      }
+      if (!ids.empty()) {
+        st.tracker->define(Position{groups[g].id, groups[g].seq}, ids);
+      }
+    }
+  }
+  for (const Group& g : groups) {
+    record_locked(st, g.id, g.seq);
+  }
+}
+
+// ---- the RecordFunction callback ----------------------------------------------------------------
+void warn_once(const char* where, const std::exception& e) {
+  static std::atomic<bool> warned{false};
+  if (!warned.exchange(true)) {
+    std::cerr << "torch_pipeline: automatic synchronization failed " << where << " ("
+              << e.what() << "); this op may race. Further failures are not reported."
+              << std::endl;
+  }
+}
+
+void begin_op(const at::RecordFunction& fn, const OpFacts& facts, Tls& t) {
+  t.groups.clear();
+  t.inputs.clear();
+  t.accesses.clear();
+  t.list_items.clear();
+  t.async = false;
+  t.epoch = 0;
+  const auto inputs = fn.inputs();
+  bool any_device = false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const bool w = i < facts.write.size() && facts.write[i] != 0;
+    add_ivalue(inputs[i], w, t.accesses, t.list_items);
+  }
+  // Tensors of list arguments (torch.cat, _foreach_*), added once list_items stops growing.
+  for (const auto& [x, w] : t.list_items) {
+    add_tensor(x, w, t.accesses);
+  }
+  if (t.accesses.empty()) {
+    return;  // a factory: its outputs are handled at the end
+  }
+  for (const Access& a : t.accesses) {
+    t.inputs.push_back(a.tensor->storage().unsafeGetStorageImpl());
+    any_device |= !a.tensor->device().is_cpu();
+  }
+  const bool non_blocking = facts.non_blocking >= 0 &&
+      static_cast<size_t>(facts.non_blocking) < inputs.size() &&
+      inputs[facts.non_blocking].isBool() && inputs[facts.non_blocking].toBool();
+  // A non_blocking copy from the host to a device (x.to("cuda", non_blocking=True)) has only CPU
+  // tensors among its inputs: its device argument says where it runs.
+  std::optional<c10::Device> target;
+  if (non_blocking && !any_device) {
+    for (const c10::IValue& v : inputs) {
+      if (v.isDevice() && !v.toDevice().is_cpu()) {
+        target = v.toDevice();
+        if (!target->has_index()) {
+          target = c10::Device(target->type(), guard_impl(target->type())->getDevice().index());
+        }
+        break;
+      }
+    }
+  }
+  t.async = non_blocking && (any_device || target.has_value());
+  wait_for_holds(t.accesses);
+  if (!t.async && (g_host_watch.load(std::memory_order_acquire) > 0 ||
+                   g_holds.load(std::memory_order_acquire) > 0)) {
+    t.scratch.clear();
+    for (const Access& a : t.accesses) {
+      if (a.tensor->device().is_cpu()) {
+        t.scratch.push_back(a);
+      }
+    }
+    if (!t.scratch.empty()) {
+      host_access(t.scratch);
+    }
+  }
+  if (any_device || target.has_value()) {
+    device_launch(t.accesses, t.async, t.groups, t.epoch, target);
+  }
+}
+
+void end_op(const at::RecordFunction& fn, Tls& t) {
+  std::vector<at::Tensor> fresh;
+  for (const c10::IValue& v : fn.outputs()) {
+    auto consider = [&](const at::Tensor& x) {
+      if (has_data(x) &&
+          std::find(t.inputs.begin(), t.inputs.end(), x.storage().unsafeGetStorageImpl()) ==
+              t.inputs.end() &&
+          (!x.device().is_cpu() || t.async)) {
+        fresh.push_back(x);
+      }
+    };
+    if (v.isTensor()) {
+      consider(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& x : v.toTensorList()) {
+        consider(x);
+      }
+    } else if (v.isList()) {
+      for (const c10::IValue& x : v.toListRef()) {
+        if (x.isTensor()) {
+          consider(x.toTensor());
+        }
+      }
+    } else if (v.isTuple()) {
+      for (const c10::IValue& x : v.toTupleRef().elements()) {
+        if (x.isTensor()) {
+          consider(x.toTensor());
+        }
+      }
+    }
+  }
+  if (t.groups.empty() && fresh.empty()) {
+    return;
+  }
+  finish(t.groups, t.epoch, &fresh, t.async);  // (epoch 0 for a factory: the current one)
+}
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  Tls& t = tls;
+  ++t.level;
+  if (t.active != 0) {
+    return nullptr;  // inside an observed op: its device work is on the same streams
+  }
+  const OpFacts& facts = op_facts(fn);
+  if (facts.transparent) {
+    return nullptr;
+  }
+  t.active = t.level;
+  g_counters.ops.fetch_add(1, std::memory_order_relaxed);
+  try {
+    begin_op(fn, facts, t);
+  } catch (const std::exception& e) {
+    t.groups.clear();
+    warn_once("before an op", e);
+  }
+  return nullptr;
+}
+
+void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  Tls& t = tls;
+  if (t.level == 0) {
+    return;  // the callback was installed while this op ran: its start was not seen
+  }
+  if (t.active == t.level) {
+    t.active = 0;
+    try {
+      end_op(fn, t);
+    } catch (const std::exception& e) {
+      warn_once("after an op", e);
+    }
+    t.groups.clear();
+    t.list_items.clear();
+  }
+  --t.level;
+}
+
+// ---- live / idle ---------------------------------------------------------------------------------
+void reset_locked(LiveState& st) {
+  ++st.epoch;
+  st.tracker = std::make_unique<core::DependencyTracker>();
+  st.streams.clear();
+  st.by_id.clear();
+  st.storages.clear();
+  st.baseline.clear();
+  st.inserted_since_sweep = 0;
+  g_host_watch.store(0, std::memory_order_relaxed);
+}
+
+void go_live() {
+  LiveState& st = *g_state;
+  {
+    std::lock_guard<std::mutex> lock(st.mutex);
+    reset_locked(st);
+    // Work launched before (untracked) on the streams current now and the default streams is
+    // ordered before tracked work: each stream waits for this baseline at its first use.
+    for (const c10::Device& d : initialized_accelerator_devices()) {
+      const auto* impl = guard_impl(d.type());
+      for (const c10::Stream& s : {impl->getStream(d), impl->getDefaultStream(d)}) {
+        const bool seen = std::any_of(st.baseline.begin(), st.baseline.end(),
+                                      [&](const auto& b) { return b.first == s; });
+        if (!seen) {
+          st.baseline.emplace_back(s, c10::Event(d.type()));
+          st.baseline.back().second.record(s);
+        }
+      }
+    }
+  }
+  g_callback = at::addGlobalCallback(at::RecordFunctionCallback(&on_start, &on_end)
+                                         .needsInputs(true)
+                                         .needsOutputs(true)
+                                         .scopes({at::RecordScope::FUNCTION}));
+  g_live.store(true, std::memory_order_release);
+}
+
+void go_idle() {
+  g_live.store(false, std::memory_order_release);
+  if (g_callback.has_value()) {
+    at::removeCallback(*g_callback);
+    g_callback.reset();
+  }
+  LiveState& st = *g_state;
+  std::vector<std::shared_ptr<c10::Event>> host_pending;
+  {
+    std::lock_guard<std::mutex> lock(st.mutex);
+    // Untracked work from now on, on any of these streams, is ordered after all tracked work of
+    // its device.
+    std::vector<std::pair<c10::Stream, c10::Event>> ends;
+    std::vector<c10::Stream> waiters;
+    for (const auto& [stream, entry] : st.streams) {
+      ends.emplace_back(stream, c10::Event(stream.device_type()));
+      ends.back().second.record(stream);
+      waiters.push_back(stream);
+      // Untracked code runs next on the default stream (or this thread's current one), which the
+      // live period may never have used.
+      const auto* impl = guard_impl(stream.device_type());
+      for (const c10::Stream& s : {impl->getDefaultStream(stream.device()),
+                                   impl->getStream(stream.device())}) {
+        if (std::find(waiters.begin(), waiters.end(), s) == waiters.end()) {
+          waiters.push_back(s);
+        }
+      }
+    }
+    for (const c10::Stream& stream : waiters) {
+      for (const auto& [from, event] : ends) {
+        if (from != stream && from.device() == stream.device()) {
+          event.block(stream);
+        }
+      }
+    }
+    // CPU memory a non_blocking copy may still be writing: CPU ops are no longer observed, so
+    // wait here for the copies (on the streams that touched watched memory).
+    std::vector<StreamId> touched;
+    for (const auto& [key, e] : st.storages) {
+      if (!e.host_watched || e.weak.expired()) {
+        continue;
+      }
+      for (const Position& p : st.tracker->uses_off(e.id, kHostStream)) {
+        if (std::find(touched.begin(), touched.end(), p.stream) == touched.end()) {
+          touched.push_back(p.stream);
+        }
+      }
+    }
+    for (const StreamId id : touched) {
+      const auto it = st.by_id.find(id);
+      if (it != st.by_id.end()) {
+        for (const auto& [from, event] : ends) {
+          if (from == it->second->stream) {
+            host_pending.push_back(std::make_shared<c10::Event>(from.device_type()));
+            host_pending.back()->record(from);
+          }
+        }
+      }
+    }
+    reset_locked(st);
+  }
+  for (const auto& ev : host_pending) {
+    ev->synchronize();
+  }
+}
+
+void update_live() {
+  std::lock_guard<std::mutex> lock(life_mutex());
+  const bool want = g_enabled.load() &&
+      (g_pipelines.load() > 0 || g_holds.load() > 0);
+  if (want == g_live.load()) {
+    return;
+  }
+  if (want) {
+    go_live();
+  } else {
+    go_idle();
+  }
+}
+
+// Groups of accesses by device for TrackScope (no RecordFunction involved).
+void split_cpu(const std::vector<Access>& all, std::vector<Access>& cpu) {
+  cpu.clear();
+  for (const Access& a : all) {
+    if (a.tensor->device().is_cpu()) {
+      cpu.push_back(a);
+    }
+  }
+}
+
+}  // namespace
+
+void pipeline_created() {
+  if (g_pipelines.fetch_add(1) == 0) {
+    update_live();
+  }
+}
+
+void pipeline_destroyed() {
+  if (g_pipelines.fetch_sub(1) == 1) {
+    update_live();
+  }
+}
+
+bool live() {
+  return g_live.load(std::memory_order_acquire);
+}
+
+void set_enabled(bool enabled) {
+  g_enabled.store(enabled);
+  update_live();
+}
+
+bool enabled() {
+  return g_enabled.load();
+}
+
+Stats stats() {
+  Stats s;
+  s.live = live();
+  s.ops = g_counters.ops.load();
+  s.launches = g_counters.launches.load();
+  s.waits = g_counters.waits.load();
+  s.events = g_counters.events.load();
+  s.host_waits = g_counters.host_waits.load();
+  s.record_streams = g_counters.record_streams.load();
+  s.hold_waits = g_counters.hold_waits.load();
+  LiveState& st = *g_state;
+  std::lock_guard<std::mutex> lock(st.mutex);
+  s.storages = st.tracker->num_storages();
+  s.streams = st.streams.size();
+  return s;
+}
+
+void set_blocking_wait(BlockingWait wait) {
+  std::lock_guard<std::mutex> lock(g_wait_mutex);
+  delete g_blocking_wait;
+  g_blocking_wait = wait ? new BlockingWait(std::move(wait)) : nullptr;
+}
+
+// ---- TrackScope ------------------------------------------------------------------------------------
+TrackScope::TrackScope(const std::vector<at::Tensor>& reads, const std::vector<at::Tensor>& writes) {
+  if (!live()) {
+    return;
+  }
+  std::vector<Access> accesses;
+  for (const at::Tensor& t : reads) {
+    add_tensor(t, false, accesses);
+  }
+  for (const at::Tensor& t : writes) {
+    add_tensor(t, true, accesses);
+  }
+  wait_for_holds(accesses);
+  std::vector<Access> cpu;
+  split_cpu(accesses, cpu);
+  if (!cpu.empty() && (g_host_watch.load() > 0 || g_holds.load() > 0)) {
+    host_access(cpu);
+  }
+  if (cpu.size() == accesses.size()) {
+    return;
+  }
+  std::vector<Group> groups;
+  device_launch(accesses, /*async=*/false, groups, epoch_);
+  for (const Group& g : groups) {
+    launched_.push_back(Launched{g.stream, g.id, g.seq});
+  }
+}
+
+TrackScope::~TrackScope() {
+  if (launched_.empty()) {
+    return;
+  }
+  std::vector<Group> groups;
+  for (const Launched& l : launched_) {
+    groups.push_back(Group{l.stream.device(), l.stream, l.id, l.seq});
+  }
+  try {
+    finish(groups, epoch_, nullptr, false);
+  } catch (const std::exception& e) {
+    warn_once("at the end of tp.track", e);
+  }
+}
+
+// ---- TaskHold ---------------------------------------------------------------------------------------
+TaskHold::TaskHold(const std::vector<at::Tensor>& tensors, int worker_id) {
+  std::vector<const at::Tensor*> held;
+  for (const at::Tensor& t : tensors) {
+    if (has_data(t)) {
+      held.push_back(&t);
+    }
+  }
+  if (held.empty() || !g_enabled.load()) {
+    return;
+  }
+  state_ = std::make_shared<State>(worker_id);
+  if (g_holds.fetch_add(1) == 0) {
+    update_live();
+  }
+  LiveState& st = *g_state;
+  std::lock_guard<std::mutex> lock(st.mutex);
+  for (const at::Tensor* t : held) {
+    storage_entry_locked(st, t->storage()).holds.push_back(state_);
+  }
+}
+
+TaskHold::~TaskHold() {
+  release();
+}
+
+void TaskHold::release() {
+  if (!state_) {
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (state_->released) {
+      return;
+    }
+    state_->released = true;
+  }
+  state_->cv.notify_all();
+  if (g_holds.fetch_sub(1) == 1) {
+    update_live();
+  }
+}
+
+}  // namespace tracking
+}  // namespace torch_pipeline

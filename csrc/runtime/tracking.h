@@ -1,0 +1,109 @@
+// Automatic synchronization (DESIGN.md §4): the core DependencyTracker bound to c10.
+//
+// While tracking is live, a global RecordFunction callback observes the outermost op of every
+// thread (autograd engine threads included) before it launches, with its inputs, the arguments its
+// schema marks written, and, after it, its fresh outputs. Tensors map to storages; storages on an
+// accelerator are accessed on the current stream of their device. Before the op, the current
+// stream waits (c10 event waits) for what the tracker says: the last writer of what it reads, and
+// the last writer and the readers since of what it writes, on other streams, each producer stream
+// at most once and only when not already implied. After the op, an event is recorded at its
+// position. Storages used on a stream are recorded on it with the allocator (record_stream), so
+// their memory is not reused before that use completes. CPU tensors that a non_blocking copy
+// reads or writes on a stream are watched: a CPU op that touches them first synchronizes with
+// that copy. A tensor passed to submit is held by the task: a write to it from another thread
+// waits until the task has finished.
+//
+// Tracking is live while a non-default pipeline (or a task holding tensors) is alive; otherwise
+// no callback is installed and ops pay nothing. Going live orders the streams that were current
+// before (recorded as a baseline each newly seen stream waits for once); going idle makes every
+// stream that was tracked wait for every other one of its device, and synchronizes with pending
+// copies into watched CPU memory, so work before and after a live period stays ordered.
+#pragma once
+
+#include "../core/dependency_tracker.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Stream.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace torch_pipeline {
+namespace tracking {
+
+// Called by the runtime as non-default pipelines are created and destroyed.
+void pipeline_created();
+void pipeline_destroyed();
+
+// Whether ops are observed now.
+bool live();
+
+// Test switch: with enabled == false tracking never goes live (and stops if it is), so tests can
+// show the races it removes. On by default.
+void set_enabled(bool enabled);
+bool enabled();
+
+struct Stats {
+  bool live = false;
+  uint64_t ops = 0;             // outermost ops observed
+  uint64_t launches = 0;        // tracker launches (one per device stream an op used)
+  uint64_t waits = 0;           // event waits inserted on streams
+  uint64_t events = 0;          // events recorded at positions
+  uint64_t host_waits = 0;      // host synchronizations before CPU ops on watched memory
+  uint64_t record_streams = 0;  // allocator record_stream calls
+  uint64_t hold_waits = 0;      // writes that waited for a task holding their tensor
+  uint64_t storages = 0;        // storages with tracked state now
+  uint64_t streams = 0;         // streams known in the current live period
+};
+Stats stats();
+
+// How the tracker blocks the calling thread (for a task that holds a tensor being written):
+// `wait(step)` until step(timeout) returns true. The Python layer installs one that lets go of
+// the GIL while waiting (the task needs it). Default: plain polling.
+using Step = std::function<bool(std::chrono::milliseconds)>;
+using BlockingWait = std::function<void(const Step&)>;
+void set_blocking_wait(BlockingWait wait);
+
+// tp.track(read=..., write=...): accesses of kernels the dispatcher never sees (raw launches on
+// data pointers) on the current streams of the tensors' devices. The constructor makes those
+// streams wait as for an op; the destructor records the end of the accesses. No-op while idle.
+class TrackScope {
+ public:
+  TrackScope(const std::vector<at::Tensor>& reads, const std::vector<at::Tensor>& writes);
+  ~TrackScope();
+  TrackScope(const TrackScope&) = delete;
+  TrackScope& operator=(const TrackScope&) = delete;
+
+  struct Launched {
+    c10::Stream stream;
+    core::StreamId id;
+    uint64_t seq;
+  };
+
+ private:
+  uint64_t epoch_ = 0;
+  std::vector<Launched> launched_;
+};
+
+// The tensors of a submitted task (DESIGN.md §3): until release(), a write to their storages from
+// a thread other than the task's worker thread waits for release(). Keeps tracking live.
+class TaskHold {
+ public:
+  TaskHold(const std::vector<at::Tensor>& tensors, int worker_id);
+  ~TaskHold();
+  TaskHold(const TaskHold&) = delete;
+  TaskHold& operator=(const TaskHold&) = delete;
+  // The task no longer needs its tensors (it finished, or it was cancelled). Idempotent.
+  void release();
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace tracking
+}  // namespace torch_pipeline

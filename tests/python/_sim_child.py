@@ -1,0 +1,94 @@
+"""Running a sim test module in a child process of its own.
+
+Enabling the sim device renames PyTorch's PrivateUse1 backend for the rest of the process and makes
+"sim" torch.accelerator's device, which other test files (that expect no accelerator on a CPU
+machine) must not see. So a module that enables sim calls :func:`install_proxies` at its end: in
+the parent process each of its tests is replaced by a proxy that reports the child's verdict for it
+(the child runs the whole module once, on first use). With TORCH_PIPELINE_SIM_TEST_CHILD=1 the
+tests run in-process (that is how the child runs them).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Any, Callable, Dict, MutableMapping, Optional
+
+import pytest
+
+IN_CHILD = os.environ.get("TORCH_PIPELINE_SIM_TEST_CHILD") == "1"
+
+_CHILD_MAIN = """
+import json, sys
+import pytest
+
+class Collect:
+    def __init__(self):
+        self.results = {}
+
+    def pytest_runtest_logreport(self, report):
+        name = report.nodeid.split("::", 1)[1]
+        if report.when != "call" and report.outcome == "passed":
+            return
+        if report.outcome == "skipped" and isinstance(report.longrepr, tuple):
+            text = report.longrepr[2]
+        else:
+            text = report.longreprtext
+        if name not in self.results or self.results[name][0] == "passed":
+            self.results[name] = [report.outcome, text]
+
+collect = Collect()
+rc = pytest.main([sys.argv[1], "-q", "-p", "no:cacheprovider", "-p", "no:randomly"], plugins=[collect])
+with open(sys.argv[2], "w") as f:
+    json.dump({"rc": int(rc), "results": collect.results}, f)
+"""
+
+
+def install_proxies(module_globals: MutableMapping[str, Any], module_file: str,
+                    timeout_s: float = 280.0) -> None:
+    """In the parent process, replaces every ``test_*`` function of the module with a proxy for
+    its verdict in the child process. In the child (IN_CHILD), does nothing."""
+    if IN_CHILD:
+        return
+    cache: Dict[str, Any] = {}
+
+    def child_results() -> Dict[str, Any]:
+        if not cache:
+            with tempfile.TemporaryDirectory() as tmp:
+                report = os.path.join(tmp, "report.json")
+                env = dict(os.environ, TORCH_PIPELINE_SIM_TEST_CHILD="1")
+                proc = subprocess.run(
+                    [sys.executable, "-c", _CHILD_MAIN, os.path.abspath(module_file), report],
+                    env=env, capture_output=True, text=True, timeout=timeout_s)
+                if os.path.exists(report):
+                    with open(report) as f:
+                        cache.update(json.load(f))
+                else:
+                    cache.update({"rc": proc.returncode, "results": {}})
+                cache["output"] = (proc.stdout + proc.stderr)[-6000:]
+                sys.stdout.write("".join(line + "\n" for line in proc.stdout.splitlines()
+                                         if "[sim]" in line))
+        return cache
+
+    def proxy(name: str) -> Callable[[], None]:
+        def test() -> None:
+            child = child_results()
+            mine = {k: v for k, v in child["results"].items() if k == name or k.startswith(name + "[")}
+            if not mine:
+                pytest.fail(f"the sim test process did not run {name} (exit code {child['rc']}):\n"
+                            f"{child['output']}", pytrace=False)
+            failed = {k: v[1] for k, v in mine.items() if v[0] == "failed"}
+            if failed:
+                pytest.fail("in the sim test process:\n" +
+                            "\n".join(f"{k}:\n{v}" for k, v in failed.items()), pytrace=False)
+            if all(v[0] == "skipped" for v in mine.values()):
+                pytest.skip(next(iter(mine.values()))[1])
+
+        test.__name__ = name
+        test.__doc__ = f"{name}, run in the sim test process"
+        return test
+
+    for name in [n for n in list(module_globals) if n.startswith("test_")]:
+        module_globals[name] = proxy(name)

@@ -1,0 +1,505 @@
+"""Automatic synchronization (DESIGN.md §4) on the sim device in strict mode.
+
+Each rule of §4 gets a minimal program that runs clean (strict mode would raise sim.RaceError on a
+race) with tracking on, and whose twin with tracking switched off (the test-only switch
+``_C._set_tracking_enabled(False)``) reports the race: the tests fail when the behaviour is
+removed. Then: a training step split across pipelines, cross-device copies, non_blocking copies to
+the host, memory freed after a cross-stream use, tp.track for kernels the dispatcher never sees,
+tensors passed to submit, and a few hundred random programs whose values equal the same program on
+the default pipeline, with zero races, while the same programs untracked do race.
+
+Runs in a child process of its own (see _sim_child.py): enabling sim is process-wide.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import random
+import threading
+import time
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
+
+import pytest
+import torch
+
+from _sim_child import IN_CHILD, install_proxies
+
+if IN_CHILD:
+    import torch_pipeline as tp
+    import torch_pipeline.sim as sim
+    from torch_pipeline import _C
+
+N = 4096  # elements of the test tensors
+
+
+# ---- fixtures and helpers (child process) --------------------------------------------------------
+@pytest.fixture(scope="module", autouse=True)
+def _sim_enabled() -> Iterator[None]:
+    if IN_CHILD:
+        sim.enable(num_devices=2)
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state() -> Iterator[None]:
+    """Each test starts strict, tracked, on the default streams, with a synchronized host."""
+    if not IN_CHILD:
+        yield
+        return
+
+    def reset() -> None:
+        gc.collect()
+        _C._set_tracking_enabled(True)
+        torch.accelerator.set_device_index(0)
+        sim.synchronize(0)
+        sim.synchronize(1)
+        sim.clear_races()
+        sim.set_strict(True)
+
+    reset()
+    yield
+    sim.set_strict(False)
+    reset()
+
+
+def stats() -> Dict[str, int]:
+    return dict(_C._tracking_stats())
+
+
+@contextlib.contextmanager
+def untracked() -> Iterator[None]:
+    """Tracking off, races recorded instead of raised: the program's bare races show."""
+    _C._set_tracking_enabled(False)
+    sim.set_strict(False)
+    sim.clear_races()
+    try:
+        yield
+    finally:
+        _C._set_tracking_enabled(True)
+
+
+def ones(value: float = 1.0, device: str = "sim:0") -> "torch.Tensor":
+    return torch.full((N,), value, device=device)
+
+
+def race_ops(races: List[object]) -> List[Tuple[str, str]]:
+    return [(r.earlier_op, r.later_op) for r in races]  # type: ignore[attr-defined]
+
+
+# ---- liveness: no work without pipelines ---------------------------------------------------------
+def test_tracking_is_live_only_while_a_pipeline_is_alive() -> None:
+    gc.collect()
+    assert not stats()["live"]
+    x = ones()
+    before = stats()["ops"]
+    for _ in range(50):
+        x = x + 1
+    assert stats()["ops"] == before, "ops were observed while no pipeline was alive"
+    p = tp.Pipeline()
+    assert stats()["live"]
+    y = x * 2
+    assert stats()["ops"] > before
+    del p
+    gc.collect()
+    assert not stats()["live"]
+    assert stats()["storages"] == 0, "state was kept after tracking went idle"
+    assert torch.equal(y.cpu(), torch.full((N,), 102.0))
+
+
+# ---- the rules, each with its untracked twin ------------------------------------------------------
+def read_after_write(p: "tp.Pipeline") -> "torch.Tensor":
+    x = ones()
+    with tp.pipeline(p):
+        y = x * 3      # written on p's stream
+    return y + 1       # read on the default stream
+
+
+def test_read_after_write_waits_for_the_writer() -> None:
+    p = tp.Pipeline()
+    before = stats()["waits"]
+    z = read_after_write(p)
+    assert stats()["waits"] > before
+    assert torch.equal(z.cpu(), torch.full((N,), 4.0))
+    assert sim.races() == []
+    with untracked():
+        read_after_write(p)
+        assert any(later == "aten::add.out" for _, later in race_ops(sim.races())), sim.races()
+
+
+def write_after_read(p1: "tp.Pipeline", p2: "tp.Pipeline") -> Tuple["torch.Tensor", ...]:
+    x = ones()
+    torch.accelerator.synchronize()  # (x's fill is complete: only the reads below matter)
+    with tp.pipeline(p1):
+        a = x * 2      # reads x on p1's stream
+    with tp.pipeline(p2):
+        b = x * 3      # reads x on p2's stream
+    x.fill_(7)         # write on the default stream: must wait for both readers
+    return a, b, x
+
+
+def test_write_after_read_waits_for_every_reader() -> None:
+    p1, p2 = tp.Pipeline(), tp.Pipeline()
+    a, b, x = write_after_read(p1, p2)
+    assert torch.equal(a.cpu(), torch.full((N,), 2.0))
+    assert torch.equal(b.cpu(), torch.full((N,), 3.0))
+    assert sim.races() == []
+    with untracked():
+        write_after_read(p1, p2)
+        readers = {earlier for earlier, later in race_ops(sim.races()) if later == "aten::fill_.Scalar"}
+        assert readers == {"aten::mul.out"}, sim.races()
+        assert len([r for r in sim.races() if r.later_op == "aten::fill_.Scalar"]) == 2
+
+
+def write_after_write(p: "tp.Pipeline") -> "torch.Tensor":
+    x = ones()
+    with tp.pipeline(p):
+        x.mul_(5)      # write on p
+    x.add_(1)          # write on the default stream
+    return x
+
+
+def test_write_after_write_waits_for_the_writer() -> None:
+    p = tp.Pipeline()
+    assert torch.equal(write_after_write(p).cpu(), torch.full((N,), 6.0))
+    with untracked():
+        write_after_write(p)
+        # (sim names in-place ops by the out= kernels they run: mul_ as aten::mul.out)
+        assert ("aten::mul.out", "aten::add.out") in race_ops(sim.races()), sim.races()
+
+
+def test_no_wait_between_ops_of_one_stream() -> None:
+    p = tp.Pipeline()
+    with tp.pipeline(p):
+        x = ones()
+        before = stats()["waits"]
+        for _ in range(20):
+            x = torch.sin(x) * 2
+            x.add_(1)
+    assert stats()["waits"] == before
+
+
+def test_a_stream_waits_once_per_producer_position() -> None:
+    p = tp.Pipeline()
+    with tp.pipeline(p):
+        a = ones(1.0)
+        b = ones(2.0)      # p's latest write: waiting for it covers a too
+    before = stats()["waits"]
+    c = b + a              # one wait (for b's position; a's is implied)
+    assert stats()["waits"] == before + 1
+    d = a * b              # already ordered: no wait
+    e = c + d
+    assert stats()["waits"] == before + 1
+    assert torch.equal(e.cpu(), torch.full((N,), 5.0))
+
+
+def test_transitive_orderings_suppress_waits() -> None:
+    p1, p2 = tp.Pipeline(), tp.Pipeline()
+    with tp.pipeline(p1):
+        a = ones(1.0)
+    with tp.pipeline(p2):
+        b = a + 1          # p2 waits for p1
+    before = stats()["waits"]
+    c = b + a              # waiting for p2 implies p1: one wait
+    assert stats()["waits"] == before + 1
+    assert torch.equal(c.cpu(), torch.full((N,), 3.0))
+
+
+# ---- going live and idle --------------------------------------------------------------------------
+def test_work_before_a_pipeline_exists_is_ordered_before_it() -> None:
+    gc.collect()
+    assert not stats()["live"]
+    x = ones()
+    x.mul_(3)              # untracked (no pipeline yet), on the default stream
+    p = tp.Pipeline()
+    with tp.pipeline(p):
+        y = x + 1          # p's stream waits for the go-live baseline
+    assert torch.equal(y.cpu(), torch.full((N,), 4.0))
+
+
+def test_work_after_the_last_pipeline_dies_is_ordered_after_it() -> None:
+    p = tp.Pipeline()
+    with tp.pipeline(p):
+        y = ones() * 3
+    del p
+    gc.collect()
+    assert not stats()["live"]
+    z = y + 1              # untracked, on the default stream: the default stream waited at idle
+    assert torch.equal(z.cpu(), torch.full((N,), 4.0))
+
+
+# ---- training step across pipelines ---------------------------------------------------------------
+class TwoBranches(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(32, 64)
+        self.b = torch.nn.Linear(32, 64)
+        self.head = torch.nn.Linear(64, 4)
+
+    def forward(self, x: "torch.Tensor", pa: "Optional[tp.Pipeline]",
+                pb: "Optional[tp.Pipeline]") -> "torch.Tensor":
+        with tp.pipeline(pa):
+            ha = self.a(x).relu()
+        with tp.pipeline(pb):
+            hb = self.b(x).tanh()
+        return self.head(ha * hb)
+
+
+def train(pa: "Optional[tp.Pipeline]", pb: "Optional[tp.Pipeline]", steps: int = 3) -> List["torch.Tensor"]:
+    torch.manual_seed(0)
+    model = TwoBranches().to("sim:0")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x = torch.randn(16, 32, generator=g).to("sim:0")
+        target = torch.randn(16, 4, generator=g).to("sim:0")
+        loss = torch.nn.functional.mse_loss(model(x, pa, pb), target)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.detach().cpu() for p in model.parameters()]
+
+
+def test_training_step_split_across_pipelines_matches_the_default_pipeline() -> None:
+    reference = train(None, None)
+    pa, pb = tp.Pipeline(), tp.Pipeline(tp.get_worker_thread(1))
+    ops_before = stats()["ops"]
+    got = train(pa, pb)
+    assert stats()["ops"] > ops_before
+    for r, g in zip(reference, got):
+        assert torch.equal(r, g)
+    assert sim.races() == []
+    with untracked():
+        train(pa, pb, steps=1)
+        assert sim.races(), "the split training step did not race without tracking"
+
+
+# ---- devices and the host ---------------------------------------------------------------------------
+def cross_device(p0: "tp.Pipeline", p1: "tp.Pipeline") -> "torch.Tensor":
+    with tp.pipeline(p0):
+        a = ones(2.0, "sim:0") * 3
+    with tp.pipeline(p1):
+        b = a.to("sim:1")          # copy out of p0's work
+        b.mul_(2)
+    return b.to("sim:0") + a       # back, read on the default stream of sim:0
+
+
+def test_cross_device_copies_are_ordered() -> None:
+    p0, p1 = tp.Pipeline(), tp.Pipeline()
+    out = cross_device(p0, p1)
+    assert torch.equal(out.cpu(), torch.full((N,), 18.0))
+    assert sim.races() == []
+    with untracked():
+        cross_device(p0, p1)
+        assert sim.races()
+
+
+def test_non_blocking_copy_to_the_host_is_waited_for_before_a_cpu_read() -> None:
+    p = tp.Pipeline()
+    with tp.pipeline(p):
+        y = ones(2.0) * 4
+        host = y.to("cpu", non_blocking=True)
+    assert host.is_pinned()
+    before = stats()["host_waits"]
+    total = host.sum().item()      # a CPU op: waits for the copy first
+    assert stats()["host_waits"] == before + 1
+    assert total == 8.0 * N
+    assert sim.races() == []
+    with untracked():
+        with tp.pipeline(p):
+            host2 = (ones(2.0) * 4).to("cpu", non_blocking=True)
+        host2.sum()
+        assert any(r.later_op.endswith("(host)") for r in sim.races()), sim.races()
+
+
+def test_non_blocking_copy_into_existing_pinned_memory() -> None:
+    p = tp.Pipeline()
+    host = torch.empty(N, pin_memory=True)
+    with tp.pipeline(p):
+        host.copy_(ones(5.0), non_blocking=True)
+    assert host[0].item() == 5.0
+    host.fill_(1.0)                # CPU write after the copy: ordered
+    with tp.pipeline(p):
+        back = host.to("sim:0", non_blocking=True)   # reads host on p's stream
+    host.fill_(2.0)                # CPU write while the copy may still read: waits
+    assert torch.equal(back.cpu(), torch.full((N,), 1.0))
+    assert sim.races() == []
+
+
+def free_after_cross_stream_use(p: "tp.Pipeline") -> None:
+    x = ones()                 # allocated on the default stream
+    with tp.pipeline(p):
+        y = x * 2              # used on p's stream
+    del x                      # freed while p's read may be pending
+    z = ones(9.0)              # the same size: the allocator's first choice is x's block
+    del y, z
+
+
+def test_memory_freed_after_a_cross_stream_use_is_not_reused_early() -> None:
+    p = tp.Pipeline()
+    before = stats()["record_streams"]
+    free_after_cross_stream_use(p)
+    assert stats()["record_streams"] > before
+    assert sim.races() == []
+    with untracked():
+        free_after_cross_stream_use(p)
+        assert sim.races(), "reuse of a block still read on another stream went unreported"
+
+
+# ---- tp.track -------------------------------------------------------------------------------------
+def raw_program(p: "tp.Pipeline", declare: bool) -> None:
+    x = ones()
+    y = torch.empty(N, device="sim:0")
+    with tp.pipeline(p):
+        scope = tp.track(read=[x], write=y) if declare else contextlib.nullcontext()
+        with scope:
+            sim.raw_kernel("my_ext::kernel", read=[x], write=[y])
+    y.sum()                    # read on the default stream after the raw write on p
+
+
+def test_track_declares_accesses_the_dispatcher_never_sees() -> None:
+    p = tp.Pipeline()
+    raw_program(p, declare=True)
+    assert sim.races() == []
+    sim.set_strict(False)
+    raw_program(p, declare=False)   # the same kernel undeclared: tracking cannot see it
+    assert any("my_ext::kernel" in (r.earlier_op, r.later_op) for r in sim.races()), sim.races()
+
+
+def test_track_rejects_non_tensors() -> None:
+    with pytest.raises(TypeError, match="expects tensors"):
+        tp.track(read=[1])
+    with pytest.raises(TypeError, match="tensor or an iterable"):
+        tp.track(write=3)
+
+
+# ---- tensors passed to submit ----------------------------------------------------------------------
+def submitted_then_overwritten(p: "tp.Pipeline") -> float:
+    x = ones(1.0)
+    started = threading.Event()
+
+    def task(t: "torch.Tensor") -> float:
+        started.set()
+        time.sleep(0.2)
+        return t.sum().item()
+
+    fut = p.submit(task, x)
+    started.wait(5)
+    x.fill_(100.0)             # the submitter's later in-place write
+    return fut.wait()
+
+
+def test_a_later_write_by_the_submitter_waits_for_the_task() -> None:
+    p = tp.Pipeline(tp.get_worker_thread(1))
+    before = stats()["hold_waits"]
+    assert submitted_then_overwritten(p) == float(N)
+    assert stats()["hold_waits"] == before + 1
+    assert sim.races() == []
+    with untracked():
+        assert submitted_then_overwritten(p) == 100.0 * N   # without the hold, the task sees it
+
+
+def test_the_task_may_write_its_own_arguments() -> None:
+    p = tp.Pipeline(tp.get_worker_thread(1))
+    x = ones(1.0)
+    fut = p.submit(lambda t: t.mul_(3), x)
+    fut.wait()
+    assert torch.equal(x.cpu(), torch.full((N,), 3.0))
+
+
+# ---- random programs -----------------------------------------------------------------------------------
+Program = List[Tuple[int, str, Tuple[int, ...]]]
+DEVICES = ("sim:0", "sim:1")
+SLOTS = 6
+
+
+def make_program(rng: random.Random, length: int = 24) -> Program:
+    """A random program: (pipeline index 0..3, op, operands) steps over SLOTS tensor slots."""
+    ops = ["new", "unary", "binary", "inplace", "slice", "to_other", "copy", "out", "host", "del"]
+    return [(rng.randrange(4), rng.choice(ops), tuple(rng.randrange(SLOTS) for _ in range(3)))
+            for _ in range(length)]
+
+
+def run_program(program: Program, pipelines: List[Optional["tp.Pipeline"]], seed: int) -> List["torch.Tensor"]:
+    g = torch.Generator().manual_seed(seed)
+    slots: List[Optional[torch.Tensor]] = [None] * SLOTS
+    host_values: List[torch.Tensor] = []
+
+    def get(i: int, device: Optional[str] = None) -> "torch.Tensor":
+        if slots[i] is None:
+            slots[i] = torch.randn(256, generator=g).to(DEVICES[i % 2])
+        t = slots[i]
+        return t if device is None or str(t.device) == device else t.to(device)
+
+    for which, op, (a, b, c) in program:
+        with tp.pipeline(pipelines[which]):
+            if op == "new":
+                slots[a] = torch.randn(256, generator=g).to(DEVICES[b % 2])
+            elif op == "unary":
+                slots[a] = torch.sin(get(b)) * 0.5
+            elif op == "binary":
+                x = get(b)
+                slots[a] = x + get(c, str(x.device))
+            elif op == "inplace":
+                x = get(a)
+                x.add_(get(b, str(x.device)), alpha=0.25)
+            elif op == "slice":
+                get(a)[::2].mul_(-1.0)
+            elif op == "to_other":
+                x = get(b)
+                slots[a] = x.to(DEVICES[1] if x.device.index == 0 else DEVICES[0])
+            elif op == "copy":
+                x = get(a)
+                x.copy_(get(b, str(x.device)))
+            elif op == "out":
+                x = get(b)
+                out = get(a, str(x.device))
+                if out is slots[a]:
+                    torch.mul(x, get(c, str(x.device)), out=out)
+            elif op == "host":
+                h = get(a).to("cpu", non_blocking=True)
+                host_values.append(h.sum().reshape(1))
+            elif op == "del":
+                slots[a] = None
+    return [t.cpu() for t in slots if t is not None] + host_values
+
+
+def pipelines_for(rng: random.Random) -> List[Optional["tp.Pipeline"]]:
+    workers = [tp.get_worker_thread(i) for i in range(2)]
+    return [None, tp.Pipeline(), tp.Pipeline(rng.choice(workers)), tp.Pipeline(priority=-1)]
+
+
+def test_random_programs_match_the_default_pipeline_without_races() -> None:
+    # The reference runs on the default pipeline while tracking is live (a pipeline is alive): its
+    # non_blocking copies to the host are then synchronized too, as they are in the tracked run.
+    keep_live = tp.Pipeline()
+    rng = random.Random(1234)
+    checked = 0
+    for n in range(300):
+        program = make_program(rng)
+        reference = run_program(program, [None] * 4, seed=n)
+        got = run_program(program, pipelines_for(rng), seed=n)   # strict: a race raises
+        assert len(reference) == len(got)
+        for r, x in zip(reference, got):
+            assert torch.equal(r, x), f"program {n} computed other values: {program}"
+        checked += 1
+    assert checked == 300
+    assert sim.races() == []
+    del keep_live
+
+
+def test_random_programs_race_without_tracking() -> None:
+    """The same programs untracked report races: the test above can fail."""
+    rng = random.Random(1234)
+    racy = 0
+    with untracked():
+        for n in range(100):
+            program = make_program(rng)
+            run_program(program, [None] * 4, seed=n)
+            sim.clear_races()
+            run_program(program, pipelines_for(rng), seed=n)
+            racy += bool(sim.races())
+            sim.clear_races()
+    assert racy >= 50, f"only {racy} of 100 untracked programs raced"
+
+
+install_proxies(globals(), __file__)
