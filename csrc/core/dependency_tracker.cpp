@@ -153,15 +153,19 @@ DependencyTracker::Launch DependencyTracker::launch(StreamId stream,
   if (needs_.size() < streams_.size()) needs_.resize(streams_.size());
   for (const uint32_t a : needed_) needs_[a] = Need{};  // left over only if a launch threw
   needed_.clear();
+  // One lookup per storage (node references stay valid while others are inserted).
+  write_states_.clear();
+  read_states_.clear();
   for (const StorageId s : writes_) {
-    const auto it = storages_.find(s);
-    if (it == storages_.end()) continue;
-    consider(self, st, it->second.writer);                           // write after write
-    for (const Op& r : it->second.readers) consider(self, st, r);    // write after read
+    StorageState& state = storages_[s];
+    write_states_.push_back(&state);
+    consider(self, st, state.writer);                           // write after write
+    for (const Op& r : state.readers) consider(self, st, r);    // write after read
   }
   for (const StorageId s : reads_) {
-    const auto it = storages_.find(s);
-    if (it != storages_.end()) consider(self, st, it->second.writer);  // read after write
+    StorageState& state = storages_[s];
+    read_states_.push_back(&state);
+    consider(self, st, state.writer);  // read after write
   }
 
   // Keep the minimal set: drop a producer that another needed producer is ordered after.
@@ -209,14 +213,14 @@ DependencyTracker::Launch DependencyTracker::launch(StreamId stream,
     }
     state.uses.push_back(Use{self, seq});
   };
-  for (const StorageId s : writes_) {
-    StorageState& state = storages_[s];
+  for (StorageState* w : write_states_) {
+    StorageState& state = *w;
     state.writer = op;
     state.readers.clear();
     note_use(state);
   }
-  for (const StorageId s : reads_) {
-    StorageState& state = storages_[s];
+  for (StorageState* r_state : read_states_) {
+    StorageState& state = *r_state;
     bool replaced = false;
     for (Op& r : state.readers) {
       if (r.stream == self) {  // a later read on the same stream supersedes the earlier one
@@ -278,6 +282,11 @@ bool DependencyTracker::is_ordered(StreamId stream, Position p) const {
 void DependencyTracker::forget(StorageId s) {
   std::lock_guard<std::mutex> lock(mutex_);
   storages_.erase(s);
+}
+
+void DependencyTracker::forget(const std::vector<StorageId>& storages) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const StorageId s : storages) storages_.erase(s);
 }
 
 std::vector<Position> DependencyTracker::uses_off(StorageId s, StreamId home) const {

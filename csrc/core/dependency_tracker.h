@@ -124,6 +124,7 @@ class DependencyTracker {
 
   // The storage was freed: drop its state. Unknown ids are ignored.
   void forget(StorageId s);
+  void forget(const std::vector<StorageId>& storages);  // several at once (one lock)
 
   // Allocator safety (record_stream semantics): the latest use (read or write) per stream other
   // than `home` of `s` since it was last forgotten, leaving out the uses that an op launched on
@@ -207,6 +208,7 @@ class DependencyTracker {
   std::vector<Need> needs_;
   std::vector<uint32_t> needed_;
   std::vector<StorageId> reads_, writes_;
+  std::vector<StorageState*> read_states_, write_states_;
 };
 
 }  // namespace core

@@ -9,13 +9,16 @@
 #include <c10/core/StorageImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
+#include <c10/util/flat_hash_map.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <pthread.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <iostream>
 #include <mutex>
 #include <optional>
@@ -42,7 +45,7 @@ using core::StreamId;
 using HoldPtr = std::shared_ptr<TaskHold::State>;
 
 constexpr StreamId kHostStream = -1;  // the host's timeline: CPU ops on watched memory
-constexpr size_t kEventRing = 32;     // events kept per stream, by position
+constexpr size_t kEventsKept = 64;    // recorded events kept per stream, by position
 
 // ---- process-wide switches and counters (lock-free reads on the op path) ----------------------
 std::atomic<bool> g_live{false};
@@ -68,13 +71,39 @@ BlockingWait* g_blocking_wait = nullptr;  // guarded by g_wait_mutex
 
 // ---- the state of one live period ----------------------------------------------------------
 struct StreamEntry {
-  StreamEntry(StreamId i, const c10::Stream& s) : id(i), stream(s), events(kEventRing), seqs(kEventRing, 0) {}
+  StreamEntry(StreamId i, const c10::Stream& s) : id(i), stream(s) {}
   StreamId id;
   c10::Stream stream;
-  // events[seq % kEventRing] was recorded after position seqs[...]; a slot whose event is being
-  // synchronized by the host (use_count > 1) gets a new event instead of a re-record.
-  std::vector<std::shared_ptr<c10::Event>> events;
-  std::vector<uint64_t> seqs;
+  // Events recorded after positions of this stream, oldest first. Not every position has one: a
+  // thread records one when it leaves a stream for another (after the last op of its run there)
+  // and on demand; waiting for a position uses the first event at or after it.
+  std::deque<std::pair<uint64_t, std::shared_ptr<c10::Event>>> events;
+};
+
+// A few stream ids, inline (storages are used on one or two streams).
+class StreamSet {
+ public:
+  bool contains(StreamId id) const {
+    return std::find(inline_.begin(), inline_.begin() + n_, id) != inline_.begin() + n_ ||
+        std::find(more_.begin(), more_.end(), id) != more_.end();
+  }
+  void add(StreamId id) {
+    if (n_ < inline_.size()) {
+      inline_[n_++] = id;
+    } else {
+      more_.push_back(id);
+    }
+  }
+  void reset(StreamId id) {
+    n_ = 0;
+    more_.clear();
+    add(id);
+  }
+
+ private:
+  std::array<StreamId, 3> inline_{};
+  uint8_t n_ = 0;
+  std::vector<StreamId> more_;
 };
 
 struct StorageEntry {
@@ -83,7 +112,10 @@ struct StorageEntry {
   c10::weak_intrusive_ptr<c10::StorageImpl> weak;  // keeps the address from being reused
   StorageId id;
   bool host_watched = false;         // a CPU storage an async copy touched
-  std::vector<StreamId> recorded;    // streams recorded with the allocator (record_stream)
+  StreamSet recorded;                // streams recorded with the allocator (record_stream)
+  // Created by the op at this position (a fresh output), not yet told to the tracker: many
+  // outputs are never used again, so the definition waits for the storage's next use.
+  Position pending_definition;
   std::vector<HoldPtr> holds;        // tasks holding it
 };
 
@@ -94,8 +126,8 @@ struct LiveState {
   std::unordered_map<c10::Stream, std::unique_ptr<StreamEntry>> streams;
   std::unordered_map<StreamId, StreamEntry*> by_id;
   StreamId next_stream = 1;
-  std::unordered_map<const c10::StorageImpl*, StorageEntry> storages;
-  StorageId next_storage = 1;
+  // Open addressing (ska): the op path looks storages up several times per op.
+  ska::flat_hash_map<const c10::StorageImpl*, StorageEntry> storages;
   size_t inserted_since_sweep = 0;
   // Go-live baseline: the streams current then; each stream seen for the first time waits once
   // for the baseline event of its device.
@@ -139,9 +171,10 @@ void maybe_sweep_locked(LiveState& st) {
     return;
   }
   st.inserted_since_sweep = 0;
+  std::vector<StorageId> dead;
   for (auto it = st.storages.begin(); it != st.storages.end();) {
     if (it->second.weak.expired()) {
-      st.tracker->forget(it->second.id);
+      dead.push_back(it->second.id);
       if (it->second.host_watched) {
         g_host_watch.fetch_sub(1, std::memory_order_relaxed);
       }
@@ -150,6 +183,7 @@ void maybe_sweep_locked(LiveState& st) {
       ++it;
     }
   }
+  st.tracker->forget(dead);
 }
 
 StorageEntry& storage_entry_locked(LiveState& st, const c10::Storage& storage) {
@@ -159,8 +193,18 @@ StorageEntry& storage_entry_locked(LiveState& st, const c10::Storage& storage) {
     return it->second;
   }
   maybe_sweep_locked(st);
-  return st.storages.emplace(key, StorageEntry(storage.getWeakStorageImpl(), st.next_storage++))
+  // The address is the id: the weak reference keeps it unique while the entry exists.
+  return st.storages
+      .emplace(key, StorageEntry(storage.getWeakStorageImpl(), reinterpret_cast<StorageId>(key)))
       .first->second;
+}
+
+// Tells the tracker about a pending definition before the storage's next use.
+void define_pending_locked(LiveState& st, StorageEntry& e) {
+  if (e.pending_definition.seq != 0) {
+    st.tracker->define(e.pending_definition, {e.id});
+    e.pending_definition = Position{};
+  }
 }
 
 StorageEntry* find_storage_locked(LiveState& st, const c10::StorageImpl* key) {
@@ -168,30 +212,42 @@ StorageEntry* find_storage_locked(LiveState& st, const c10::StorageImpl* key) {
   return it == st.storages.end() || it->second.weak.expired() ? nullptr : &it->second;
 }
 
-// The event at (or, if recycled, after) position p of its stream.
+// An event recorded after position p of its stream: the first kept at or after p (a later one
+// is an over-wait, which is safe), else one recorded now (covering everything launched there).
 std::shared_ptr<c10::Event> event_at_locked(LiveState& st, const Position& p) {
   StreamEntry& e = *st.by_id.at(p.stream);
-  const size_t slot = p.seq % kEventRing;
-  if (e.events[slot] && e.seqs[slot] >= p.seq) {
-    return e.events[slot];  // exact, or a later position of the stream: an over-wait, safe
+  const auto it = std::lower_bound(
+      e.events.begin(), e.events.end(), p.seq,
+      [](const auto& entry, uint64_t seq) { return entry.first < seq; });
+  if (it != e.events.end()) {
+    return it->second;
   }
-  // Not recorded yet: the op is still launching on another thread, which only a program that
-  // races on the host can observe. The stream's work so far covers it once it has launched.
+  // Not kept: the thread that launched p is still on that stream (or p is that old). Not kept
+  // either, since a position launched there by another thread may still be mid-launch.
   auto ev = std::make_shared<c10::Event>(e.stream.device_type());
   ev->record(e.stream);
   g_counters.events.fetch_add(1, std::memory_order_relaxed);
   return ev;
 }
 
+// Records an event after position `seq` of stream `id` (the caller knows it has launched).
 void record_locked(LiveState& st, StreamId id, uint64_t seq) {
   StreamEntry& e = *st.by_id.at(id);
-  const size_t slot = seq % kEventRing;
-  auto& ev = e.events[slot];
-  if (!ev || ev.use_count() > 1) {
+  if (!e.events.empty() && e.events.back().first >= seq) {
+    return;
+  }
+  std::shared_ptr<c10::Event> ev;
+  if (e.events.size() >= kEventsKept) {
+    if (e.events.front().second.use_count() == 1) {
+      ev = std::move(e.events.front().second);  // re-recorded: nobody holds it
+    }
+    e.events.pop_front();
+  }
+  if (!ev) {
     ev = std::make_shared<c10::Event>(e.stream.device_type());
   }
   ev->record(e.stream);
-  e.seqs[slot] = seq;
+  e.events.emplace_back(seq, std::move(ev));
   g_counters.events.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -255,8 +311,25 @@ struct Tls {
   std::vector<std::pair<at::Tensor, bool>> list_items;  // tensors of list arguments, write flag
   std::vector<StorageId> reads, writes;
   std::vector<Access> scratch;
+  std::vector<at::Tensor> fresh;
+  std::vector<c10::Device> devices;
+  // The position of this thread's last op, if its event is not recorded yet (recorded when the
+  // thread launches on another stream: the end of its run of ops on that stream).
+  Position last;
+  uint64_t last_epoch = 0;
 };
 thread_local Tls tls;
+
+// Before this thread launches on stream `next`: the end of its run on another stream gets its event.
+void end_run_locked(LiveState& st, StreamId next) {
+  Tls& t = tls;
+  if (t.last.seq != 0 && t.last.stream != next) {
+    if (t.last_epoch == st.epoch) {
+      record_locked(st, t.last.stream, t.last.seq);
+    }
+    t.last = Position{};
+  }
+}
 
 // ---- holds (tensors passed to submit) -----------------------------------------------------------
 void blocking_wait(const Step& step) {
@@ -329,8 +402,9 @@ void host_access(const std::vector<Access>& cpu) {
     reads.clear();
     writes.clear();
     for (const Access& a : cpu) {
-      const StorageEntry* e = find_storage_locked(st, a.tensor->storage().unsafeGetStorageImpl());
+      StorageEntry* e = find_storage_locked(st, a.tensor->storage().unsafeGetStorageImpl());
       if (e != nullptr && e->host_watched) {
+        define_pending_locked(st, *e);
         (a.write ? writes : reads).push_back(e->id);
       }
     }
@@ -369,7 +443,8 @@ void device_launch(const std::vector<Access>& accesses, bool async, std::vector<
                    uint64_t& epoch, std::optional<c10::Device> target = std::nullopt) {
   LiveState& st = *g_state;
   // The devices, in order of first appearance (a copy to `target` runs there).
-  std::vector<c10::Device> devices;
+  auto& devices = tls.devices;
+  devices.clear();
   if (target.has_value()) {
     devices.push_back(*target);
   }
@@ -398,20 +473,22 @@ void device_launch(const std::vector<Access>& accesses, bool async, std::vector<
       }
       const c10::Storage& storage = a.tensor->storage();
       StorageEntry& e = storage_entry_locked(st, storage);
+      define_pending_locked(st, e);
       if (cpu_here) {
         if (!e.host_watched) {
           e.host_watched = true;
           g_host_watch.fetch_add(1, std::memory_order_relaxed);
         }
-      } else if (std::find(e.recorded.begin(), e.recorded.end(), se.id) == e.recorded.end()) {
+      } else if (!e.recorded.contains(se.id)) {
         // Allocator safety: the memory is not reused before this stream's use completes (a
         // no-op on the stream the block was allocated on).
         impl->recordDataPtrOnStream(storage.data_ptr(), stream);
-        e.recorded.push_back(se.id);
+        e.recorded.add(se.id);
         g_counters.record_streams.fetch_add(1, std::memory_order_relaxed);
       }
       (a.write ? writes : reads).push_back(e.id);
     }
+    end_run_locked(st, se.id);
     const auto launch = st.tracker->launch(se.id, reads, writes);
     for (const Position& w : launch.waits) {
       if (w.stream != kHostStream) {  // (a host op still synchronizing: only a racy program)
@@ -424,17 +501,17 @@ void device_launch(const std::vector<Access>& accesses, bool async, std::vector<
   }
 }
 
-// After the op: fresh outputs are defined by the op, and events are recorded at its positions.
-void finish(const std::vector<Group>& launched, uint64_t epoch, const std::vector<at::Tensor>* fresh,
+// After the op: its fresh outputs get it as their (pending) definition, and its position becomes
+// the thread's last (a multi-device op records its events at once). `groups` gets the groups of
+// factory outputs appended.
+void finish(std::vector<Group>& groups, uint64_t epoch, const std::vector<at::Tensor>* fresh,
             bool async) {
   LiveState& st = *g_state;
   std::lock_guard<std::mutex> lock(st.mutex);
   if (epoch != 0 && st.epoch != epoch) {
     return;  // tracking went idle (and maybe live again) since the launch
   }
-  std::vector<Group> groups = launched;
-  if (fresh != nullptr && !fresh->empty()) {
-    std::vector<std::pair<size_t, StorageId>> defined;  // group index, storage
+  if (fresh != nullptr) {
     for (const at::Tensor& t : *fresh) {
       const c10::Device d = t.device();
       size_t g = groups.size();
@@ -454,6 +531,7 @@ void finish(const std::vector<Group>& launched, uint64_t epoch, const std::vecto
           // A factory (no input on this device): the op ran on the device's current stream.
           const c10::Stream stream = guard_impl(d.type())->getStream(d);
           StreamEntry& se = stream_entry_locked(st, stream);
+          end_run_locked(st, se.id);
           const auto launch = st.tracker->launch(se.id, {}, {});
           g_counters.launches.fetch_add(1, std::memory_order_relaxed);
           groups.push_back(Group{d, stream, se.id, launch.position.seq});
@@ -466,24 +544,18 @@ void finish(const std::vector<Group>& launched, uint64_t epoch, const std::vecto
           g_host_watch.fetch_add(1, std::memory_order_relaxed);
         }
       } else {
-        e.recorded.assign(1, groups[g].id);  // allocated on that stream: no record_stream needed
+        e.recorded.reset(groups[g].id);  // allocated on that stream: no record_stream needed
       }
-      defined.emplace_back(g, e.id);
-    }
-    for (size_t g = 0; g < groups.size(); ++g) {
-      std::vector<StorageId> ids;
-      for (const auto& [gi, id] : defined) {
-        if (gi == g) {
-          ids.push_back(id);
-        }
-      }
-      if (!ids.empty()) {
-        st.tracker->define(Position{groups[g].id, groups[g].seq}, ids);
-      }
+      e.pending_definition = Position{groups[g].id, groups[g].seq};
     }
   }
-  for (const Group& g : groups) {
-    record_locked(st, g.id, g.seq);
+  if (groups.size() == 1) {
+    tls.last = Position{groups[0].id, groups[0].seq};  // its event waits for the end of the run
+    tls.last_epoch = st.epoch;
+  } else {
+    for (const Group& g : groups) {
+      record_locked(st, g.id, g.seq);
+    }
   }
 }
 
@@ -558,7 +630,8 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, Tls& t) {
 }
 
 void end_op(const at::RecordFunction& fn, Tls& t) {
-  std::vector<at::Tensor> fresh;
+  auto& fresh = t.fresh;
+  fresh.clear();
   for (const c10::IValue& v : fn.outputs()) {
     auto consider = [&](const at::Tensor& x) {
       if (has_data(x) &&
@@ -629,6 +702,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     }
     t.groups.clear();
     t.list_items.clear();
+    t.fresh.clear();
   }
   --t.level;
 }
@@ -709,10 +783,11 @@ void go_idle() {
     // CPU memory a non_blocking copy may still be writing: CPU ops are no longer observed, so
     // wait here for the copies (on the streams that touched watched memory).
     std::vector<StreamId> touched;
-    for (const auto& [key, e] : st.storages) {
+    for (auto& [key, e] : st.storages) {
       if (!e.host_watched || e.weak.expired()) {
         continue;
       }
+      define_pending_locked(st, e);
       for (const Position& p : st.tracker->uses_off(e.id, kHostStream)) {
         if (std::find(touched.begin(), touched.end(), p.stream) == touched.end()) {
           touched.push_back(p.stream);

@@ -6,8 +6,9 @@
 // accelerator are accessed on the current stream of their device. Before the op, the current
 // stream waits (c10 event waits) for what the tracker says: the last writer of what it reads, and
 // the last writer and the readers since of what it writes, on other streams, each producer stream
-// at most once and only when not already implied. After the op, an event is recorded at its
-// position. Storages used on a stream are recorded on it with the allocator (record_stream), so
+// at most once and only when not already implied. Events are recorded where a thread's run of ops
+// on one stream ends (and on demand), so a wait costs one event, and a run of ops costs none.
+// Storages used on a stream are recorded on it with the allocator (record_stream), so
 // their memory is not reused before that use completes. CPU tensors that a non_blocking copy
 // reads or writes on a stream are watched: a CPU op that touches them first synchronizes with
 // that copy. A tensor passed to submit is held by the task: a write to it from another thread
