@@ -9,12 +9,12 @@ Python loop, in these states:
                        installed, ops pay nothing
 * ``live``          -- a non-default pipeline alive (tracking live), the op on the default stream:
                        every op is observed
-* ``live, in p``    -- the same inside ``with p:`` (the op on the pipeline's stream; sim only,
-                       since CPU tensors have no streams)
+* ``live, in p``    -- the same inside ``with p:`` (the op on the pipeline's stream; devices
+                       only, since CPU tensors have no streams)
 
-on CPU tensors, and on sim tensors (the simulated accelerator of DESIGN.md §5, whose ops are much
-slower than CPU ops: the ratio there bounds the tracker's cost on a device whose launch costs a few
-microseconds). ``live`` and ``idle`` run interleaved in rounds in one process; ``not imported`` vs
+on CPU tensors; on sim tensors (the simulated accelerator of DESIGN.md §5, whose ops cost a few
+microseconds, like a kernel launch); and on CUDA tensors when a GPU is present (there the loop
+only launches kernels: the ratio is the tracker's share of the launch cost). ``live`` and ``idle`` run interleaved in rounds in one process; ``not imported`` vs
 ``idle`` alternate between two child processes, one round each per turn, and compare medians.
 
 Targets (issue 4): live <= 1.25x idle, idle <= 1.03x not imported. One PASS/FAIL line each. The
@@ -149,6 +149,14 @@ def main(argv: List[str]) -> int:
     print_table(sim_samples)
     ok &= check_targets(sim_samples, [Target(LIVE, IDLE, 1.25, "live <= 1.25x idle"),
                                       Target(LIVE_IN_P, IDLE, 1.25, "live, in p <= 1.25x idle")])
+    import torch
+
+    if torch.cuda.is_available():
+        print("\n[cuda] tracking live vs idle (one process)")
+        cuda = in_process("cuda:0", iterations, rounds)
+        print_table(cuda)
+        ok &= check_targets(cuda, [Target(LIVE, IDLE, 1.25, "live <= 1.25x idle"),
+                                   Target(LIVE_IN_P, IDLE, 1.25, "live, in p <= 1.25x idle")])
     return finish(ok, args.check)
 
 

@@ -8,9 +8,10 @@
 # part of the build), setuptools; pytest for the test step. No internet: nothing is downloaded
 # (pip runs with --no-build-isolation --no-deps).
 #
-# Files written to $OUT (7): summary.txt, env.log, build.log, pytest_gpu.log, bench_context.log,
-# bench_submit.log, async_logging.log. Every step runs under `timeout`, within a total budget
-# (GPU_CHECK_BUDGET_S, default 450 s); a failing step does not stop the script, its exit status is
+# Files written to $OUT (9): summary.txt, env.log, build.log, pytest_gpu.log (the GPU tests,
+# including the automatic-synchronization twins and the CUDA-sanitizer runs), bench_context.log,
+# bench_submit.log, bench_tracking.log, async_logging.log, multi_branch.log. Every step runs under
+# `timeout`, within a total budget (GPU_CHECK_BUDGET_S, default 450 s); a failing step does not stop the script, its exit status is
 # recorded in the summary, and the script exits 1 if any step failed (2 if the setup itself failed).
 #
 # Knobs: PYTHON (default python3, or python), GPU_CHECK_BUDGET_S, BENCH_FLAGS (default --check:
@@ -145,15 +146,18 @@ grep -E "torch_pipeline: building|CUDA exclusive streams built" "$OUT_DIR/build.
 
 # ---- tests and programs -------------------------------------------------------------------------
 if [ "$BUILD_RC" -eq 0 ]; then
-  run_step pytest-gpu pytest_gpu.log 180 \
+  run_step pytest-gpu pytest_gpu.log 240 \
     "$PYTHON" -m pytest -m gpu tests/python -q -rfEs -p no:cacheprovider
   # shellcheck disable=SC2086
   run_step bench_context bench_context.log 60 "$PYTHON" bench/bench_context.py $BENCH_FLAGS
   # shellcheck disable=SC2086
   run_step bench_submit bench_submit.log 90 "$PYTHON" bench/bench_submit.py $BENCH_FLAGS
+  # shellcheck disable=SC2086
+  run_step bench_tracking bench_tracking.log 120 "$PYTHON" bench/bench_tracking.py --quick $BENCH_FLAGS
   run_step async_logging async_logging.log 90 "$PYTHON" examples/async_logging.py
+  run_step multi_branch multi_branch.log 90 "$PYTHON" examples/multi_branch.py
 else
-  for s in pytest-gpu bench_context bench_submit async_logging; do
+  for s in pytest-gpu bench_context bench_submit bench_tracking async_logging multi_branch; do
     STEP_LINES+=("$(printf '%-16s SKIPPED (build failed)' "$s")")
   done
   FAILED=1
@@ -171,14 +175,18 @@ fi
     grep -q "exit status 5 " "$OUT_DIR/pytest_gpu.log" && echo "  (exit status 5: no test was collected with -m gpu)"
     grep -E "^(FAILED|ERROR) " "$OUT_DIR/pytest_gpu.log" | head -n 20 | sed 's/^/  /'
   fi
-  for b in bench_context bench_submit; do
+  for b in bench_context bench_submit bench_tracking; do
     [ -f "$OUT_DIR/$b.log" ] || continue
     echo "$b:"
-    grep -E "^(PASS|FAIL)  |^ratio |^variant |^(tp|with p|nullcontext|torch\.|executor|empty)" "$OUT_DIR/$b.log" | sed 's/^/  /'
+    grep -E "^(PASS|FAIL)  |^ratio |^variant |^\[|^(tp|with p|nullcontext|torch\.|executor|empty|idle|live|not imported)" "$OUT_DIR/$b.log" | sed 's/^/  /'
   done
   if [ -f "$OUT_DIR/async_logging.log" ]; then
     echo "async_logging:"
     grep -E "^async_logging:|^(naive|pipelined) |^speed-up|^check passed|^CHECK FAILED|Error" "$OUT_DIR/async_logging.log" | sed 's/^/  /'
+  fi
+  if [ -f "$OUT_DIR/multi_branch.log" ]; then
+    echo "multi_branch:"
+    grep -E "^  (one stream|hand-written|pipelines)|^speed-up|^check passed|^CHECK FAILED|Error" "$OUT_DIR/multi_branch.log" | sed 's/^/  /'
   fi
   echo ""
   echo "total $(($(date +%s) - START_S))s; result: $([ "$FAILED" -eq 0 ] && echo 'ALL OK' || echo 'SOME STEPS FAILED')"

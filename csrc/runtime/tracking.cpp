@@ -9,7 +9,6 @@
 #include <c10/core/StorageImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
-#include <c10/util/flat_hash_map.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <pthread.h>
@@ -126,8 +125,7 @@ struct LiveState {
   std::unordered_map<c10::Stream, std::unique_ptr<StreamEntry>> streams;
   std::unordered_map<StreamId, StreamEntry*> by_id;
   StreamId next_stream = 1;
-  // Open addressing (ska): the op path looks storages up several times per op.
-  ska::flat_hash_map<const c10::StorageImpl*, StorageEntry> storages;
+  std::unordered_map<const c10::StorageImpl*, StorageEntry> storages;
   size_t inserted_since_sweep = 0;
   // Go-live baseline: the streams current then; each stream seen for the first time waits once
   // for the baseline event of its device.
@@ -321,8 +319,7 @@ struct Tls {
 thread_local Tls tls;
 
 // Before this thread launches on stream `next`: the end of its run on another stream gets its event.
-void end_run_locked(LiveState& st, StreamId next) {
-  Tls& t = tls;
+void end_run_locked(Tls& t, LiveState& st, StreamId next) {
   if (t.last.seq != 0 && t.last.stream != next) {
     if (t.last_epoch == st.epoch) {
       record_locked(st, t.last.stream, t.last.seq);
@@ -389,7 +386,7 @@ void wait_for_holds(const std::vector<Access>& accesses) {
 }
 
 // ---- the host path: synchronous CPU accesses of watched memory ---------------------------------
-void host_access(const std::vector<Access>& cpu) {
+void host_access(Tls& t, const std::vector<Access>& cpu) {
   LiveState& st = *g_state;
   std::vector<std::shared_ptr<c10::Event>> events;
   std::vector<Position> waits;
@@ -397,8 +394,8 @@ void host_access(const std::vector<Access>& cpu) {
   Position position;
   {
     std::lock_guard<std::mutex> lock(st.mutex);
-    auto& reads = tls.reads;
-    auto& writes = tls.writes;
+    auto& reads = t.reads;
+    auto& writes = t.writes;
     reads.clear();
     writes.clear();
     for (const Access& a : cpu) {
@@ -439,11 +436,12 @@ void host_access(const std::vector<Access>& cpu) {
 // Launches `accesses` (device tensors, and with async the CPU tensors of a non_blocking copy) on
 // the current streams of their devices: one tracker launch per device, waits inserted. Appends
 // the launched groups. `target`: the device of a non_blocking copy from the host (its first group).
-void device_launch(const std::vector<Access>& accesses, bool async, std::vector<Group>& groups,
-                   uint64_t& epoch, std::optional<c10::Device> target = std::nullopt) {
+void device_launch(Tls& t, const std::vector<Access>& accesses, bool async,
+                   std::vector<Group>& groups, uint64_t& epoch,
+                   std::optional<c10::Device> target = std::nullopt) {
   LiveState& st = *g_state;
   // The devices, in order of first appearance (a copy to `target` runs there).
-  auto& devices = tls.devices;
+  auto& devices = t.devices;
   devices.clear();
   if (target.has_value()) {
     devices.push_back(*target);
@@ -461,8 +459,8 @@ void device_launch(const std::vector<Access>& accesses, bool async, std::vector<
     const auto* impl = guard_impl(device.type());
     const c10::Stream stream = impl->getStream(device);
     StreamEntry& se = stream_entry_locked(st, stream);
-    auto& reads = tls.reads;
-    auto& writes = tls.writes;
+    auto& reads = t.reads;
+    auto& writes = t.writes;
     reads.clear();
     writes.clear();
     for (const Access& a : accesses) {
@@ -488,7 +486,7 @@ void device_launch(const std::vector<Access>& accesses, bool async, std::vector<
       }
       (a.write ? writes : reads).push_back(e.id);
     }
-    end_run_locked(st, se.id);
+    end_run_locked(t, st, se.id);
     const auto launch = st.tracker->launch(se.id, reads, writes);
     for (const Position& w : launch.waits) {
       if (w.stream != kHostStream) {  // (a host op still synchronizing: only a racy program)
@@ -504,16 +502,16 @@ void device_launch(const std::vector<Access>& accesses, bool async, std::vector<
 // After the op: its fresh outputs get it as their (pending) definition, and its position becomes
 // the thread's last (a multi-device op records its events at once). `groups` gets the groups of
 // factory outputs appended.
-void finish(std::vector<Group>& groups, uint64_t epoch, const std::vector<at::Tensor>* fresh,
-            bool async) {
+void finish(Tls& t, std::vector<Group>& groups, uint64_t epoch,
+            const std::vector<at::Tensor>* fresh, bool async) {
   LiveState& st = *g_state;
   std::lock_guard<std::mutex> lock(st.mutex);
   if (epoch != 0 && st.epoch != epoch) {
     return;  // tracking went idle (and maybe live again) since the launch
   }
   if (fresh != nullptr) {
-    for (const at::Tensor& t : *fresh) {
-      const c10::Device d = t.device();
+    for (const at::Tensor& out : *fresh) {
+      const c10::Device d = out.device();
       size_t g = groups.size();
       if (d.is_cpu()) {
         if (!async || groups.empty()) {
@@ -531,13 +529,13 @@ void finish(std::vector<Group>& groups, uint64_t epoch, const std::vector<at::Te
           // A factory (no input on this device): the op ran on the device's current stream.
           const c10::Stream stream = guard_impl(d.type())->getStream(d);
           StreamEntry& se = stream_entry_locked(st, stream);
-          end_run_locked(st, se.id);
+          end_run_locked(t, st, se.id);
           const auto launch = st.tracker->launch(se.id, {}, {});
           g_counters.launches.fetch_add(1, std::memory_order_relaxed);
           groups.push_back(Group{d, stream, se.id, launch.position.seq});
         }
       }
-      StorageEntry& e = storage_entry_locked(st, t.storage());
+      StorageEntry& e = storage_entry_locked(st, out.storage());
       if (d.is_cpu()) {
         if (!e.host_watched) {
           e.host_watched = true;
@@ -550,8 +548,8 @@ void finish(std::vector<Group>& groups, uint64_t epoch, const std::vector<at::Te
     }
   }
   if (groups.size() == 1) {
-    tls.last = Position{groups[0].id, groups[0].seq};  // its event waits for the end of the run
-    tls.last_epoch = st.epoch;
+    t.last = Position{groups[0].id, groups[0].seq};  // its event waits for the end of the run
+    t.last_epoch = st.epoch;
   } else {
     for (const Group& g : groups) {
       record_locked(st, g.id, g.seq);
@@ -621,11 +619,11 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, Tls& t) {
       }
     }
     if (!t.scratch.empty()) {
-      host_access(t.scratch);
+      host_access(t, t.scratch);
     }
   }
   if (any_device || target.has_value()) {
-    device_launch(t.accesses, t.async, t.groups, t.epoch, target);
+    device_launch(t, t.accesses, t.async, t.groups, t.epoch, target);
   }
 }
 
@@ -664,7 +662,7 @@ void end_op(const at::RecordFunction& fn, Tls& t) {
   if (t.groups.empty() && fresh.empty()) {
     return;
   }
-  finish(t.groups, t.epoch, &fresh, t.async);  // (epoch 0 for a factory: the current one)
+  finish(t, t.groups, t.epoch, &fresh, t.async);  // (epoch 0 for a factory: the current one)
 }
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
@@ -902,13 +900,13 @@ TrackScope::TrackScope(const std::vector<at::Tensor>& reads, const std::vector<a
   std::vector<Access> cpu;
   split_cpu(accesses, cpu);
   if (!cpu.empty() && (g_host_watch.load() > 0 || g_holds.load() > 0)) {
-    host_access(cpu);
+    host_access(tls, cpu);
   }
   if (cpu.size() == accesses.size()) {
     return;
   }
   std::vector<Group> groups;
-  device_launch(accesses, /*async=*/false, groups, epoch_);
+  device_launch(tls, accesses, /*async=*/false, groups, epoch_);
   for (const Group& g : groups) {
     launched_.push_back(Launched{g.stream, g.id, g.seq});
   }
@@ -923,7 +921,7 @@ TrackScope::~TrackScope() {
     groups.push_back(Group{l.stream.device(), l.stream, l.id, l.seq});
   }
   try {
-    finish(groups, epoch_, nullptr, false);
+    finish(tls, groups, epoch_, nullptr, false);
   } catch (const std::exception& e) {
     warn_once("at the end of tp.track", e);
   }

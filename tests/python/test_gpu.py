@@ -1,11 +1,12 @@
 """Pipeline promises that need a CUDA GPU (skipped without one; run by scripts/gpu_check.sh).
 
-Race windows are opened with torch.cuda._sleep, calibrated once per session, so that a missing
-wait shows up as a wrong value rather than by luck.
+Race windows are opened with torch.cuda._sleep, calibrated once per session (the cycles_per_ms
+fixture of conftest.py), so that a missing wait shows up as a wrong value rather than by luck.
 """
 from __future__ import annotations
 
 import gc
+from typing import Iterator
 
 import pytest
 import torch
@@ -15,15 +16,13 @@ import torch_pipeline as tp
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def cycles_per_ms() -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    torch.cuda._sleep(1_000_000)
-    end.record()
-    end.synchronize()
-    return 1_000_000 / start.elapsed_time(end)
+@pytest.fixture(autouse=True)
+def _untracked() -> Iterator[None]:
+    """These tests check the explicit synchronization of pipelines (futures, events, waits):
+    automatic synchronization, tested in test_tracking_gpu.py, stays off."""
+    tp._C._set_tracking_enabled(False)
+    yield
+    tp._C._set_tracking_enabled(True)
 
 
 def test_live_pipelines_never_share_a_cuda_stream_beyond_the_pool_size() -> None:

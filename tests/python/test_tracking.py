@@ -27,6 +27,7 @@ from _sim_child import IN_CHILD, install_proxies
 if IN_CHILD:
     import torch_pipeline as tp
     import torch_pipeline.sim as sim
+    from _programs import check_programs, make_pipelines, make_program, run_program
     from torch_pipeline import _C
 
 N = 4096  # elements of the test tensors
@@ -406,84 +407,16 @@ def test_the_task_may_write_its_own_arguments() -> None:
     assert torch.equal(x.cpu(), torch.full((N,), 3.0))
 
 
-# ---- random programs -----------------------------------------------------------------------------------
-Program = List[Tuple[int, str, Tuple[int, ...]]]
+# ---- random programs (tests/python/_programs.py) -------------------------------------------------
 DEVICES = ("sim:0", "sim:1")
-SLOTS = 6
-
-
-def make_program(rng: random.Random, length: int = 24) -> Program:
-    """A random program: (pipeline index 0..3, op, operands) steps over SLOTS tensor slots."""
-    ops = ["new", "unary", "binary", "inplace", "slice", "to_other", "copy", "out", "host", "del"]
-    return [(rng.randrange(4), rng.choice(ops), tuple(rng.randrange(SLOTS) for _ in range(3)))
-            for _ in range(length)]
-
-
-def run_program(program: Program, pipelines: List[Optional["tp.Pipeline"]], seed: int) -> List["torch.Tensor"]:
-    g = torch.Generator().manual_seed(seed)
-    slots: List[Optional[torch.Tensor]] = [None] * SLOTS
-    host_values: List[torch.Tensor] = []
-
-    def get(i: int, device: Optional[str] = None) -> "torch.Tensor":
-        if slots[i] is None:
-            slots[i] = torch.randn(256, generator=g).to(DEVICES[i % 2])
-        t = slots[i]
-        return t if device is None or str(t.device) == device else t.to(device)
-
-    for which, op, (a, b, c) in program:
-        with tp.pipeline(pipelines[which]):
-            if op == "new":
-                slots[a] = torch.randn(256, generator=g).to(DEVICES[b % 2])
-            elif op == "unary":
-                slots[a] = torch.sin(get(b)) * 0.5
-            elif op == "binary":
-                x = get(b)
-                slots[a] = x + get(c, str(x.device))
-            elif op == "inplace":
-                x = get(a)
-                x.add_(get(b, str(x.device)), alpha=0.25)
-            elif op == "slice":
-                get(a)[::2].mul_(-1.0)
-            elif op == "to_other":
-                x = get(b)
-                slots[a] = x.to(DEVICES[1] if x.device.index == 0 else DEVICES[0])
-            elif op == "copy":
-                x = get(a)
-                x.copy_(get(b, str(x.device)))
-            elif op == "out":
-                x = get(b)
-                out = get(a, str(x.device))
-                if out is slots[a]:
-                    torch.mul(x, get(c, str(x.device)), out=out)
-            elif op == "host":
-                h = get(a).to("cpu", non_blocking=True)
-                host_values.append(h.sum().reshape(1))
-            elif op == "del":
-                slots[a] = None
-    return [t.cpu() for t in slots if t is not None] + host_values
-
-
-def pipelines_for(rng: random.Random) -> List[Optional["tp.Pipeline"]]:
-    workers = [tp.get_worker_thread(i) for i in range(2)]
-    return [None, tp.Pipeline(), tp.Pipeline(rng.choice(workers)), tp.Pipeline(priority=-1)]
 
 
 def test_random_programs_match_the_default_pipeline_without_races() -> None:
     # The reference runs on the default pipeline while tracking is live (a pipeline is alive): its
     # non_blocking copies to the host are then synchronized too, as they are in the tracked run.
     keep_live = tp.Pipeline()
-    rng = random.Random(1234)
-    checked = 0
-    for n in range(300):
-        program = make_program(rng)
-        reference = run_program(program, [None] * 4, seed=n)
-        got = run_program(program, pipelines_for(rng), seed=n)   # strict: a race raises
-        assert len(reference) == len(got)
-        for r, x in zip(reference, got):
-            assert torch.equal(r, x), f"program {n} computed other values: {program}"
-        checked += 1
-    assert checked == 300
-    assert sim.races() == []
+    assert check_programs(300, DEVICES) == 300   # strict: a race raises
+    assert sim.races() == []                      # (host-side races are recorded, not raised)
     del keep_live
 
 
@@ -494,9 +427,9 @@ def test_random_programs_race_without_tracking() -> None:
     with untracked():
         for n in range(100):
             program = make_program(rng)
-            run_program(program, [None] * 4, seed=n)
+            run_program(program, [None] * 4, n, DEVICES)
             sim.clear_races()
-            run_program(program, pipelines_for(rng), seed=n)
+            run_program(program, make_pipelines(rng), n, DEVICES)
             racy += bool(sim.races())
             sim.clear_races()
     assert racy >= 50, f"only {racy} of 100 untracked programs raced"
