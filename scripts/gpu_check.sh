@@ -8,9 +8,9 @@
 # part of the build), setuptools; pytest for the test step. No internet: nothing is downloaded
 # (pip runs with --no-build-isolation --no-deps).
 #
-# Files written to $OUT (9): summary.txt, env.log, build.log, pytest_gpu.log (the GPU tests,
+# Files written to $OUT (10): summary.txt, env.log, build.log, pytest_gpu.log (the GPU tests,
 # including the automatic-synchronization twins and the CUDA-sanitizer runs), bench_context.log,
-# bench_submit.log, bench_tracking.log, async_logging.log, multi_branch.log. Every step runs under
+# bench_submit.log, bench_tracking.log, bench_allocator.log, async_logging.log, multi_branch.log. Every step runs under
 # `timeout`, within a total budget (GPU_CHECK_BUDGET_S, default 450 s); a failing step does not stop the script, its exit status is
 # recorded in the summary, and the script exits 1 if any step failed (2 if the setup itself failed).
 #
@@ -154,10 +154,11 @@ if [ "$BUILD_RC" -eq 0 ]; then
   run_step bench_submit bench_submit.log 90 "$PYTHON" bench/bench_submit.py $BENCH_FLAGS
   # shellcheck disable=SC2086
   run_step bench_tracking bench_tracking.log 120 "$PYTHON" bench/bench_tracking.py --quick $BENCH_FLAGS
+  run_step bench_allocator bench_allocator.log 60 "$PYTHON" bench/bench_allocator.py
   run_step async_logging async_logging.log 90 "$PYTHON" examples/async_logging.py
   run_step multi_branch multi_branch.log 90 "$PYTHON" examples/multi_branch.py
 else
-  for s in pytest-gpu bench_context bench_submit bench_tracking async_logging multi_branch; do
+  for s in pytest-gpu bench_context bench_submit bench_tracking bench_allocator async_logging multi_branch; do
     STEP_LINES+=("$(printf '%-16s SKIPPED (build failed)' "$s")")
   done
   FAILED=1
@@ -183,6 +184,10 @@ fi
   if [ -f "$OUT_DIR/async_logging.log" ]; then
     echo "async_logging:"
     grep -E "^async_logging:|^(naive|pipelined) |^speed-up|^check passed|^CHECK FAILED|Error" "$OUT_DIR/async_logging.log" | sed 's/^/  /'
+  fi
+  if [ -f "$OUT_DIR/bench_allocator.log" ]; then
+    echo "bench_allocator:"
+    grep -E "^cuda:|^sim:|peak reserved|^deep queue:" "$OUT_DIR/bench_allocator.log" | sed 's/^/  /'
   fi
   if [ -f "$OUT_DIR/multi_branch.log" ]; then
     echo "multi_branch:"
