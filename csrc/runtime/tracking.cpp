@@ -126,6 +126,14 @@ struct LiveState {
   std::unordered_map<StreamId, StreamEntry*> by_id;
   StreamId next_stream = 1;
   std::unordered_map<const c10::StorageImpl*, StorageEntry> storages;
+  // The latest fresh outputs, not in `storages` yet: most die young (never used again), and then
+  // cost no entry at all. One still alive when it leaves (or when it is next used) gets an entry.
+  struct Young {
+    const c10::StorageImpl* key;
+    c10::weak_intrusive_ptr<c10::StorageImpl> weak;
+    Position definition;
+  };
+  std::deque<Young> young;
   size_t inserted_since_sweep = 0;
   // Go-live baseline: the streams current then; each stream seen for the first time waits once
   // for the baseline event of its device.
@@ -184,11 +192,65 @@ void maybe_sweep_locked(LiveState& st) {
   st.tracker->forget(dead);
 }
 
+constexpr size_t kYoung = 64;
+
+// Gives a young storage its entry (defined by its op, allocated on that op's stream). Young
+// storages have no entry (add_young_locked sees to it), so the entry is new.
+StorageEntry& promote_locked(LiveState& st, LiveState::Young&& y) {
+  maybe_sweep_locked(st);
+  auto inserted = st.storages.emplace(
+      y.key, StorageEntry(std::move(y.weak), reinterpret_cast<StorageId>(y.key)));
+  TORCH_INTERNAL_ASSERT(inserted.second, "torch_pipeline: a young storage already had an entry");
+  StorageEntry& e = inserted.first->second;
+  e.recorded.reset(y.definition.stream);
+  e.pending_definition = y.definition;
+  return e;
+}
+
+// The young storage `key`, promoted to an entry; nullptr if it is not young.
+StorageEntry* find_young_locked(LiveState& st, const c10::StorageImpl* key) {
+  for (auto it = st.young.rbegin(); it != st.young.rend(); ++it) {
+    if (it->key == key) {
+      LiveState::Young y = std::move(*it);
+      st.young.erase(std::next(it).base());
+      return &promote_locked(st, std::move(y));
+    }
+  }
+  return nullptr;
+}
+
+// A fresh output of the op at `definition`.
+void add_young_locked(LiveState& st, const c10::Storage& storage, Position definition) {
+  const c10::StorageImpl* key = storage.unsafeGetStorageImpl();
+  auto it = st.storages.find(key);
+  if (it != st.storages.end()) {
+    it->second.pending_definition = definition;  // (an output of storage known already)
+    it->second.recorded.reset(definition.stream);
+    return;
+  }
+  for (auto y = st.young.rbegin(); y != st.young.rend() && y->definition == definition; ++y) {
+    if (y->key == key) {
+      return;  // two outputs of the op share the storage
+    }
+  }
+  if (st.young.size() >= kYoung) {
+    LiveState::Young oldest = std::move(st.young.front());
+    st.young.pop_front();
+    if (!oldest.weak.expired()) {
+      promote_locked(st, std::move(oldest));
+    }
+  }
+  st.young.push_back(LiveState::Young{key, storage.getWeakStorageImpl(), definition});
+}
+
 StorageEntry& storage_entry_locked(LiveState& st, const c10::Storage& storage) {
   const c10::StorageImpl* key = storage.unsafeGetStorageImpl();
   auto it = st.storages.find(key);
   if (it != st.storages.end()) {
     return it->second;
+  }
+  if (StorageEntry* e = find_young_locked(st, key)) {
+    return *e;
   }
   maybe_sweep_locked(st);
   // The address is the id: the weak reference keeps it unique while the entry exists.
@@ -207,7 +269,11 @@ void define_pending_locked(LiveState& st, StorageEntry& e) {
 
 StorageEntry* find_storage_locked(LiveState& st, const c10::StorageImpl* key) {
   auto it = st.storages.find(key);
-  return it == st.storages.end() || it->second.weak.expired() ? nullptr : &it->second;
+  if (it == st.storages.end()) {
+    StorageEntry* e = find_young_locked(st, key);
+    return e == nullptr || e->weak.expired() ? nullptr : e;
+  }
+  return it->second.weak.expired() ? nullptr : &it->second;
 }
 
 // An event recorded after position p of its stream: the first kept at or after p (a later one
@@ -303,6 +369,7 @@ struct Tls {
   int active = 0;  // level of the observed (outermost) op, 0 if none
   uint64_t epoch = 0;
   bool async = false;  // a non_blocking copy: its CPU storages are accessed on the stream
+  bool host_only = false;  // the op has nothing on a device and nothing watched: no end work
   std::vector<Group> groups;
   std::vector<const c10::StorageImpl*> inputs;
   std::vector<Access> accesses;
@@ -535,16 +602,17 @@ void finish(Tls& t, std::vector<Group>& groups, uint64_t epoch,
           groups.push_back(Group{d, stream, se.id, launch.position.seq});
         }
       }
-      StorageEntry& e = storage_entry_locked(st, out.storage());
-      if (d.is_cpu()) {
-        if (!e.host_watched) {
-          e.host_watched = true;
-          g_host_watch.fetch_add(1, std::memory_order_relaxed);
-        }
-      } else {
-        e.recorded.reset(groups[g].id);  // allocated on that stream: no record_stream needed
+      const Position definition{groups[g].id, groups[g].seq};
+      if (!d.is_cpu()) {
+        add_young_locked(st, out.storage(), definition);
+        continue;
       }
-      e.pending_definition = Position{groups[g].id, groups[g].seq};
+      StorageEntry& e = storage_entry_locked(st, out.storage());  // watched host memory
+      if (!e.host_watched) {
+        e.host_watched = true;
+        g_host_watch.fetch_add(1, std::memory_order_relaxed);
+      }
+      e.pending_definition = definition;
     }
   }
   if (groups.size() == 1) {
@@ -567,6 +635,32 @@ void warn_once(const char* where, const std::exception& e) {
   }
 }
 
+// Whether an argument puts the op on a device: a device tensor (also in a list), or a device
+// argument (factories, to()).
+bool on_device(const c10::IValue& v) {
+  if (v.isTensor()) {
+    const at::Tensor& x = v.toTensor();
+    return x.defined() && !x.device().is_cpu();
+  }
+  if (v.isDevice()) {
+    return !v.toDevice().is_cpu();
+  }
+  if (v.isTensorList()) {
+    for (const at::Tensor& x : v.toTensorList()) {
+      if (x.defined() && !x.device().is_cpu()) return true;
+    }
+  } else if (v.isOptionalTensorList()) {
+    for (const std::optional<at::Tensor>& x : v.toOptionalTensorList()) {
+      if (x.has_value() && x->defined() && !x->device().is_cpu()) return true;
+    }
+  } else if (v.isList()) {
+    for (const c10::IValue& x : v.toListRef()) {
+      if (x.isTensor() && x.toTensor().defined() && !x.toTensor().device().is_cpu()) return true;
+    }
+  }
+  return false;
+}
+
 void begin_op(const at::RecordFunction& fn, const OpFacts& facts, Tls& t) {
   t.groups.clear();
   t.inputs.clear();
@@ -575,6 +669,13 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, Tls& t) {
   t.async = false;
   t.epoch = 0;
   const auto inputs = fn.inputs();
+  // The common case of CPU code: nothing on a device, no watched host memory, no held tensors.
+  t.host_only = g_host_watch.load(std::memory_order_acquire) == 0 &&
+      g_holds.load(std::memory_order_acquire) == 0 &&
+      std::none_of(inputs.begin(), inputs.end(), on_device);
+  if (t.host_only) {
+    return;
+  }
   bool any_device = false;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const bool w = i < facts.write.size() && facts.write[i] != 0;
@@ -681,6 +782,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     begin_op(fn, facts, t);
   } catch (const std::exception& e) {
     t.groups.clear();
+    t.host_only = true;
     warn_once("before an op", e);
   }
   return nullptr;
@@ -694,7 +796,9 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (t.active == t.level) {
     t.active = 0;
     try {
-      end_op(fn, t);
+      if (!t.host_only) {
+        end_op(fn, t);
+      }
     } catch (const std::exception& e) {
       warn_once("after an op", e);
     }
@@ -712,6 +816,7 @@ void reset_locked(LiveState& st) {
   st.streams.clear();
   st.by_id.clear();
   st.storages.clear();
+  st.young.clear();
   st.baseline.clear();
   st.inserted_since_sweep = 0;
   g_host_watch.store(0, std::memory_order_relaxed);

@@ -205,6 +205,15 @@ def test_transitive_orderings_suppress_waits() -> None:
     assert torch.equal(c.cpu(), torch.full((N,), 3.0))
 
 
+def test_an_output_first_used_long_after_it_was_made_is_waited_for() -> None:
+    p = tp.Pipeline()
+    with tp.pipeline(p):
+        first = ones(2.0)
+        temps = [ones(float(i)) for i in range(200)]  # many outputs made after it on p
+    del temps
+    assert torch.equal((first + 1).cpu(), torch.full((N,), 3.0))  # read on the default stream
+
+
 # ---- going live and idle --------------------------------------------------------------------------
 def test_work_before_a_pipeline_exists_is_ordered_before_it() -> None:
     gc.collect()
