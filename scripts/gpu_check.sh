@@ -187,7 +187,7 @@ fi
   fi
   if [ -f "$OUT_DIR/bench_allocator.log" ]; then
     echo "bench_allocator:"
-    grep -E "^cuda:|^sim:|peak reserved|^deep queue:" "$OUT_DIR/bench_allocator.log" | sed 's/^/  /'
+    grep -E "^cuda:|^sim:|peak allocated|^(join|deep queue):" "$OUT_DIR/bench_allocator.log" | sed 's/^/  /'
   fi
   if [ -f "$OUT_DIR/multi_branch.log" ]; then
     echo "multi_branch:"

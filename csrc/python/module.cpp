@@ -237,6 +237,7 @@ the smallest free slot and its streams.
       .def("synchronize", [](PipelineImpl& p) {
         python::wait_pipeline_tasks(p);
         synchronize_streams(existing_streams(p));
+        tracking::poll();  // memory held for uses now complete goes back
       })
       .def("record_event", [](PipelinePtr p, py::object event) {
         if (event.is_none()) {
@@ -342,6 +343,7 @@ Entries nest and are undone on exit, also when the body raises.
     for (const c10::Device& d : devices) {
       c10::impl::getDeviceGuardImpl(d.type())->synchronizeDevice(d.index());
     }
+    tracking::poll();  // memory held for uses now complete goes back
   }, "Waits for every task of every worker thread, then for every initialized accelerator device.");
 
   // ---- events --------------------------------------------------------------------------------
@@ -421,6 +423,17 @@ makes another pipeline's stream on each of those devices wait for it.
         "Test switch: False stops automatic synchronization (tests use it to show the races it "
         "removes). Not for production code.");
   m.def("_tracking_enabled", &tracking::enabled);
+  m.def("_set_allocator_safety", [](const std::string& mode) {
+    TORCH_CHECK_VALUE(mode == "hold" || mode == "record_stream",
+                      "allocator safety must be 'hold' or 'record_stream', got '", mode, "'");
+    tracking::set_allocator_safety(mode == "hold" ? tracking::AllocatorSafety::kHold
+                                                  : tracking::AllocatorSafety::kRecordStream);
+  }, py::arg("mode"), "Chooses how memory used off its allocation stream is kept from reuse "
+     "(bench/bench_allocator.py compares the two).");
+  m.def("_allocator_safety", [] {
+    return tracking::allocator_safety() == tracking::AllocatorSafety::kHold ? "hold"
+                                                                             : "record_stream";
+  });
   m.def("_tracking_stats", [] {
     const tracking::Stats s = tracking::stats();
     py::dict d;
@@ -432,6 +445,9 @@ makes another pipeline's stream on each of those devices wait for it.
     d["host_waits"] = s.host_waits;
     d["record_streams"] = s.record_streams;
     d["hold_waits"] = s.hold_waits;
+    d["holds"] = s.holds;
+    d["released"] = s.released;
+    d["held"] = s.held;
     d["storages"] = s.storages;
     d["streams"] = s.streams;
     return d;

@@ -55,9 +55,23 @@ std::atomic<int64_t> g_host_watch{0};  // CPU storages an async copy touched, no
 
 struct Counters {
   std::atomic<uint64_t> ops{0}, launches{0}, waits{0}, events{0}, host_waits{0},
-      record_streams{0}, hold_waits{0};
+      record_streams{0}, hold_waits{0}, holds{0}, released{0};
 };
 Counters g_counters;
+
+AllocatorSafety safety_from_env() {
+  const char* text = std::getenv("TORCH_PIPELINE_ALLOCATOR_SAFETY");
+  if (text == nullptr || *text == '\0' || std::string(text) == "hold") {
+    return AllocatorSafety::kHold;
+  }
+  if (std::string(text) == "record_stream") {
+    return AllocatorSafety::kRecordStream;
+  }
+  std::cerr << "torch_pipeline: TORCH_PIPELINE_ALLOCATOR_SAFETY='" << text
+            << "' is not 'hold' or 'record_stream'; using 'hold'" << std::endl;
+  return AllocatorSafety::kHold;
+}
+std::atomic<AllocatorSafety> g_safety{safety_from_env()};
 
 std::mutex& life_mutex() {  // serialises going live / idle
   static auto* m = new std::mutex();
@@ -77,6 +91,12 @@ struct StreamEntry {
   // thread records one when it leaves a stream for another (after the last op of its run there)
   // and on demand; waiting for a position uses the first event at or after it.
   std::deque<std::pair<uint64_t, std::shared_ptr<c10::Event>>> events;
+  // Allocator safety by holding: storages of other streams used here, each held until the use at
+  // that position is known complete (positions ascending).
+  std::deque<std::pair<uint64_t, c10::Storage>> held;
+  uint64_t complete = 0;  // positions up to this one are known complete
+  uint64_t not_done = 0;  // the newest event a poll found not complete yet ...
+  uint32_t skipped = 0;   // ... and the polls since that did not query it again
 };
 
 // A few stream ids, inline (storages are used on one or two streams).
@@ -112,6 +132,7 @@ struct StorageEntry {
   StorageId id;
   bool host_watched = false;         // a CPU storage an async copy touched
   StreamSet recorded;                // streams recorded with the allocator (record_stream)
+  StreamId home = 0;                 // the stream it was allocated on, if known (made by an op)
   // Created by the op at this position (a fresh output), not yet told to the tracker: many
   // outputs are never used again, so the definition waits for the storage's next use.
   Position pending_definition;
@@ -135,6 +156,8 @@ struct LiveState {
   };
   std::deque<Young> young;
   size_t inserted_since_sweep = 0;
+  size_t held = 0;                 // storages held for allocator safety, all streams
+  size_t launches_since_poll = 0;
   // Go-live baseline: the streams current then; each stream seen for the first time waits once
   // for the baseline event of its device.
   std::vector<std::pair<c10::Stream, c10::Event>> baseline;
@@ -203,6 +226,7 @@ StorageEntry& promote_locked(LiveState& st, LiveState::Young&& y) {
   TORCH_INTERNAL_ASSERT(inserted.second, "torch_pipeline: a young storage already had an entry");
   StorageEntry& e = inserted.first->second;
   e.recorded.reset(y.definition.stream);
+  e.home = y.definition.stream;
   e.pending_definition = y.definition;
   return e;
 }
@@ -226,6 +250,7 @@ void add_young_locked(LiveState& st, const c10::Storage& storage, Position defin
   if (it != st.storages.end()) {
     it->second.pending_definition = definition;  // (an output of storage known already)
     it->second.recorded.reset(definition.stream);
+    it->second.home = definition.stream;
     return;
   }
   for (auto y = st.young.rbegin(); y != st.young.rend() && y->definition == definition; ++y) {
@@ -315,7 +340,74 @@ void record_locked(LiveState& st, StreamId id, uint64_t seq) {
   g_counters.events.fetch_add(1, std::memory_order_relaxed);
 }
 
+// Allocator safety by holding: lets go of the storages whose uses are known complete (queries the
+// event after the oldest held use of each stream; records one if the stream has none after it).
+// The storages go to `released`, to be dropped once the lock is released (dropping the last
+// reference frees memory).
+constexpr size_t kPollEvery = 1;    // device launches between polls (a poll with nothing due is free)
+constexpr uint32_t kRequery = 8;    // polls before an event found not complete is queried again
+
+void poll_held_locked(LiveState& st, std::vector<c10::Storage>& released) {
+  st.launches_since_poll = 0;
+  if (st.held == 0) {
+    return;
+  }
+  for (auto& [stream, entry] : st.streams) {
+    StreamEntry& e = *entry;
+    auto release_done = [&] {
+      while (!e.held.empty() && e.held.front().first <= e.complete) {
+        released.push_back(std::move(e.held.front().second));
+        e.held.pop_front();
+        --st.held;
+      }
+    };
+    release_done();
+    if (e.held.empty()) {
+      continue;
+    }
+    // The newest event after a held use, then (if that one is not done) the oldest: at most two
+    // queries per stream. Without one, record one now after all held uses (they have all
+    // launched: holds are added after their op) and keep it for later polls and waits.
+    const uint64_t front = e.held.front().first;
+    std::vector<std::pair<uint64_t, std::shared_ptr<c10::Event>>> candidates;
+    if (!e.events.empty() && e.events.back().first >= front) {
+      candidates.push_back(e.events.back());
+      auto it = std::lower_bound(e.events.begin(), e.events.end(), front,
+                                 [](const auto& entry, uint64_t seq) { return entry.first < seq; });
+      if (it->first != e.events.back().first) {
+        candidates.push_back(*it);
+      }
+    } else {
+      const uint64_t covers = e.held.back().first;
+      auto ev = std::make_shared<c10::Event>(e.stream.device_type());
+      ev->record(e.stream);
+      g_counters.events.fetch_add(1, std::memory_order_relaxed);
+      if (e.events.empty() || e.events.back().first < covers) {
+        e.events.emplace_back(covers, ev);
+      }
+      candidates.emplace_back(covers, std::move(ev));
+    }
+    if (candidates.front().first == e.not_done && ++e.skipped < kRequery) {
+      continue;  // queried recently and not done: a device query is not free
+    }
+    e.skipped = 0;
+    e.not_done = candidates.front().first;
+    for (const auto& [covers, ev] : candidates) {
+      if (ev->query()) {
+        e.complete = std::max(e.complete, covers);
+        st.tracker->completed(Position{e.id, covers});
+        break;
+      }
+    }
+    release_done();
+  }
+  g_counters.released.fetch_add(released.size(), std::memory_order_relaxed);
+}
+
 // ---- what an op touches -------------------------------------------------------------------------
+struct Tls;
+void record_pending_holds(Tls& t);
+
 struct Access {
   const at::Tensor* tensor;
   bool write;
@@ -382,8 +474,24 @@ struct Tls {
   // thread launches on another stream: the end of its run of ops on that stream).
   Position last;
   uint64_t last_epoch = 0;
+  // Storages of other streams the op uses (allocator safety by holding), held from its end on.
+  struct PendingHold {
+    StreamId id;
+    c10::Stream stream;
+    c10::Storage storage;
+  };
+  std::vector<PendingHold> pending_holds;
 };
 thread_local Tls tls;
+
+// Holds that cannot be kept (tracking went idle, the op failed): record_stream instead.
+void record_pending_holds(Tls& t) {
+  for (const auto& h : t.pending_holds) {
+    guard_impl(h.stream.device_type())->recordDataPtrOnStream(h.storage.data_ptr(), h.stream);
+    g_counters.record_streams.fetch_add(1, std::memory_order_relaxed);
+  }
+  t.pending_holds.clear();
+}
 
 // Before this thread launches on stream `next`: the end of its run on another stream gets its event.
 void end_run_locked(Tls& t, LiveState& st, StreamId next) {
@@ -519,8 +627,13 @@ void device_launch(Tls& t, const std::vector<Access>& accesses, bool async,
       devices.push_back(d);
     }
   }
+  const bool hold = g_safety.load(std::memory_order_relaxed) == AllocatorSafety::kHold;
+  std::vector<c10::Storage> released;  // dropped after the lock (declared before it)
   std::lock_guard<std::mutex> lock(st.mutex);
   epoch = st.epoch;
+  if (++st.launches_since_poll >= kPollEvery) {
+    poll_held_locked(st, released);
+  }
   for (size_t di = 0; di < devices.size(); ++di) {
     const c10::Device device = devices[di];
     const auto* impl = guard_impl(device.type());
@@ -544,9 +657,16 @@ void device_launch(Tls& t, const std::vector<Access>& accesses, bool async,
           e.host_watched = true;
           g_host_watch.fetch_add(1, std::memory_order_relaxed);
         }
+      } else if (hold && e.home != 0) {
+        // Allocator safety by holding: a use off the allocation stream keeps the storage alive
+        // until the use completes (from the op's end on).
+        if (e.home != se.id) {
+          t.pending_holds.push_back(Tls::PendingHold{se.id, stream, storage});
+        }
       } else if (!e.recorded.contains(se.id)) {
-        // Allocator safety: the memory is not reused before this stream's use completes (a
-        // no-op on the stream the block was allocated on).
+        // Allocator safety by record_stream (also for storages of unknown allocation stream):
+        // the memory is not reused before this stream's work at free time completes (a no-op on
+        // the stream the block was allocated on).
         impl->recordDataPtrOnStream(storage.data_ptr(), stream);
         e.recorded.add(se.id);
         g_counters.record_streams.fetch_add(1, std::memory_order_relaxed);
@@ -574,7 +694,8 @@ void finish(Tls& t, std::vector<Group>& groups, uint64_t epoch,
   LiveState& st = *g_state;
   std::lock_guard<std::mutex> lock(st.mutex);
   if (epoch != 0 && st.epoch != epoch) {
-    return;  // tracking went idle (and maybe live again) since the launch
+    record_pending_holds(t);  // tracking went idle (and maybe live again) since the launch
+    return;
   }
   if (fresh != nullptr) {
     for (const at::Tensor& out : *fresh) {
@@ -615,6 +736,17 @@ void finish(Tls& t, std::vector<Group>& groups, uint64_t epoch,
       e.pending_definition = definition;
     }
   }
+  for (auto& h : t.pending_holds) {
+    for (const Group& g : groups) {
+      if (g.id == h.id) {
+        st.by_id.at(h.id)->held.emplace_back(g.seq, std::move(h.storage));
+        ++st.held;
+        g_counters.holds.fetch_add(1, std::memory_order_relaxed);
+        break;
+      }
+    }
+  }
+  t.pending_holds.clear();  // (under the lock: a storage not moved may be the last reference)
   if (groups.size() == 1) {
     t.last = Position{groups[0].id, groups[0].seq};  // its event waits for the end of the run
     t.last_epoch = st.epoch;
@@ -805,6 +937,9 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     t.groups.clear();
     t.list_items.clear();
     t.fresh.clear();
+    if (!t.pending_holds.empty()) {
+      record_pending_holds(t);  // (begin_op failed after choosing to hold)
+    }
   }
   --t.level;
 }
@@ -856,6 +991,7 @@ void go_idle() {
   }
   LiveState& st = *g_state;
   std::vector<std::shared_ptr<c10::Event>> host_pending;
+  std::vector<c10::Storage> released;
   {
     std::lock_guard<std::mutex> lock(st.mutex);
     // Untracked work from now on, on any of these streams, is ordered after all tracked work of
@@ -908,8 +1044,18 @@ void go_idle() {
         }
       }
     }
+    // Held storages: their uses may still run; hand them to the allocator's record_stream.
+    for (auto& [stream, entry] : st.streams) {
+      for (auto& [seq, storage] : entry->held) {
+        guard_impl(stream.device_type())->recordDataPtrOnStream(storage.data_ptr(), stream);
+        released.push_back(std::move(storage));
+      }
+      entry->held.clear();
+    }
+    st.held = 0;
     reset_locked(st);
   }
+  released.clear();  // after the lock: may free memory
   for (const auto& ev : host_pending) {
     ev->synchronize();
   }
@@ -976,11 +1122,33 @@ Stats stats() {
   s.host_waits = g_counters.host_waits.load();
   s.record_streams = g_counters.record_streams.load();
   s.hold_waits = g_counters.hold_waits.load();
+  s.holds = g_counters.holds.load();
+  s.released = g_counters.released.load();
   LiveState& st = *g_state;
   std::lock_guard<std::mutex> lock(st.mutex);
   s.storages = st.tracker->num_storages();
+  s.held = st.held;
   s.streams = st.streams.size();
   return s;
+}
+
+void set_allocator_safety(AllocatorSafety safety) {
+  g_safety.store(safety);
+}
+
+AllocatorSafety allocator_safety() {
+  return g_safety.load();
+}
+
+void poll() {
+  if (!live()) {
+    return;
+  }
+  LiveState& st = *g_state;
+  std::vector<c10::Storage> released;
+  std::lock_guard<std::mutex> lock(st.mutex);
+  poll_held_locked(st, released);
+  // (released is destroyed after the lock: declared before it)
 }
 
 void set_blocking_wait(BlockingWait wait) {

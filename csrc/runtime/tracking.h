@@ -8,9 +8,9 @@
 // the last writer and the readers since of what it writes, on other streams, each producer stream
 // at most once and only when not already implied. Events are recorded where a thread's run of ops
 // on one stream ends (and on demand), so a wait costs one event, and a run of ops costs none.
-// Storages used on a stream are recorded on it with the allocator (record_stream), so
-// their memory is not reused before that use completes. CPU tensors that a non_blocking copy
-// reads or writes on a stream are watched: a CPU op that touches them first synchronizes with
+// A storage used on a stream other than its allocation stream is kept from reuse until that use
+// completes (see AllocatorSafety). CPU tensors that a non_blocking copy reads or writes on a
+// stream are watched: a CPU op that touches them first synchronizes with
 // that copy. A tensor passed to submit is held by the task: a write to it from another thread
 // waits until the task has finished.
 //
@@ -47,6 +47,24 @@ bool live();
 void set_enabled(bool enabled);
 bool enabled();
 
+// Allocator safety (DESIGN.md §4): a storage used on a stream other than its allocation stream is
+// kept from reuse until that use completes, either by holding a reference until an event after the
+// use has completed (kHold, the default; polled every few device launches and after synchronize:
+// the memory returns once the use is done, however deep the using stream's queue is, as
+// ProcessGroupNCCL's tensor stashing does) or by the caching allocator's record_stream
+// (kRecordStream: when the storage is freed the allocator records an event on the using stream
+// and reuses the block once all the work queued there then has completed). bench/bench_allocator.py
+// compares them; README.md says why holding is the default. Storages whose allocation stream is
+// unknown (made before tracking went live, or outside any op) always use record_stream.
+// TORCH_PIPELINE_ALLOCATOR_SAFETY=hold|record_stream sets the initial mode.
+enum class AllocatorSafety { kHold, kRecordStream };
+void set_allocator_safety(AllocatorSafety safety);
+AllocatorSafety allocator_safety();
+
+// Lets go of held storages whose uses are complete (also done every few device launches). The
+// Python layer calls it after the host synchronized.
+void poll();
+
 struct Stats {
   bool live = false;
   uint64_t ops = 0;             // outermost ops observed
@@ -56,6 +74,9 @@ struct Stats {
   uint64_t host_waits = 0;      // host synchronizations before CPU ops on watched memory
   uint64_t record_streams = 0;  // allocator record_stream calls
   uint64_t hold_waits = 0;      // writes that waited for a task holding their tensor
+  uint64_t holds = 0;           // storages held for allocator safety (uses off their stream)
+  uint64_t released = 0;        // of those, let go after their use completed
+  uint64_t held = 0;            // held now
   uint64_t storages = 0;        // storages with tracked state now
   uint64_t streams = 0;         // streams known in the current live period
 };

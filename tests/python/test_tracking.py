@@ -83,6 +83,15 @@ def ones(value: float = 1.0, device: str = "sim:0") -> "torch.Tensor":
     return torch.full((N,), value, device=device)
 
 
+@pytest.fixture
+def exact_waits() -> Iterator[None]:
+    """Counting waits: allocator safety by record_stream, whose polls-free bookkeeping never tells
+    the tracker that work completed (holding does, and a completed producer needs no wait)."""
+    _C._set_allocator_safety("record_stream")
+    yield
+    _C._set_allocator_safety("hold")
+
+
 def race_ops(races: List[object]) -> List[Tuple[str, str]]:
     return [(r.earlier_op, r.later_op) for r in races]  # type: ignore[attr-defined]
 
@@ -115,7 +124,7 @@ def read_after_write(p: "tp.Pipeline") -> "torch.Tensor":
     return y + 1       # read on the default stream
 
 
-def test_read_after_write_waits_for_the_writer() -> None:
+def test_read_after_write_waits_for_the_writer(exact_waits: None) -> None:
     p = tp.Pipeline()
     before = stats()["waits"]
     z = read_after_write(p)
@@ -168,7 +177,7 @@ def test_write_after_write_waits_for_the_writer() -> None:
         assert ("aten::mul.out", "aten::add.out") in race_ops(sim.races()), sim.races()
 
 
-def test_no_wait_between_ops_of_one_stream() -> None:
+def test_no_wait_between_ops_of_one_stream(exact_waits: None) -> None:
     p = tp.Pipeline()
     with tp.pipeline(p):
         x = ones()
@@ -179,7 +188,7 @@ def test_no_wait_between_ops_of_one_stream() -> None:
     assert stats()["waits"] == before
 
 
-def test_a_stream_waits_once_per_producer_position() -> None:
+def test_a_stream_waits_once_per_producer_position(exact_waits: None) -> None:
     p = tp.Pipeline()
     with tp.pipeline(p):
         a = ones(1.0)
@@ -193,7 +202,7 @@ def test_a_stream_waits_once_per_producer_position() -> None:
     assert torch.equal(e.cpu(), torch.full((N,), 5.0))
 
 
-def test_transitive_orderings_suppress_waits() -> None:
+def test_transitive_orderings_suppress_waits(exact_waits: None) -> None:
     p1, p2 = tp.Pipeline(), tp.Pipeline()
     with tp.pipeline(p1):
         a = ones(1.0)
@@ -344,15 +353,65 @@ def free_after_cross_stream_use(p: "tp.Pipeline") -> None:
     del y, z
 
 
-def test_memory_freed_after_a_cross_stream_use_is_not_reused_early() -> None:
-    p = tp.Pipeline()
-    before = stats()["record_streams"]
-    free_after_cross_stream_use(p)
-    assert stats()["record_streams"] > before
-    assert sim.races() == []
-    with untracked():
+@pytest.mark.parametrize("mode", ["hold", "record_stream"])
+def test_memory_freed_after_a_cross_stream_use_is_not_reused_early(mode: str) -> None:
+    _C._set_allocator_safety(mode)
+    try:
+        p = tp.Pipeline()
+        before = stats()
         free_after_cross_stream_use(p)
-        assert sim.races(), "reuse of a block still read on another stream went unreported"
+        after = stats()
+        if mode == "hold":
+            assert after["holds"] > before["holds"] and after["record_streams"] == before["record_streams"]
+        else:
+            assert after["record_streams"] > before["record_streams"] and after["holds"] == before["holds"]
+        assert sim.races() == []
+        with untracked():
+            free_after_cross_stream_use(p)
+            assert sim.races(), "reuse of a block still read on another stream went unreported"
+    finally:
+        _C._set_allocator_safety("hold")
+
+
+@pytest.fixture
+def holding() -> Iterator[None]:
+    assert _C._allocator_safety() == "hold"  # the default
+    yield
+
+
+def test_holding_is_the_default() -> None:
+    assert _C._allocator_safety() == "hold"
+    with pytest.raises(ValueError, match="'hold' or 'record_stream'"):
+        _C._set_allocator_safety("sometimes")
+
+
+def test_held_memory_returns_once_the_use_is_complete(holding: None) -> None:
+    p = tp.Pipeline()
+    torch.accelerator.synchronize(0)
+    base = torch.accelerator.memory_allocated(0)
+    x = ones()
+    with tp.pipeline(p):
+        y = x * 2              # x (made on the default stream) used on p's stream: held
+    del x
+    assert stats()["held"] >= 1
+    assert torch.accelerator.memory_allocated(0) == base + 2 * N * 4   # x is still held
+    tp.synchronize()           # the use is complete: x's memory goes back
+    assert stats()["held"] == 0
+    assert torch.accelerator.memory_allocated(0) == base + N * 4
+    del y
+
+
+def test_held_memory_returns_during_later_work(holding: None) -> None:
+    p = tp.Pipeline()
+    x = ones()
+    with tp.pipeline(p):
+        y = x * 2
+    del x
+    released = stats()["released"]
+    z = y
+    for _ in range(40):        # later ops poll the held storages (the use is complete on sim
+        z = z + 1              # once the host asks)
+    assert stats()["released"] > released and stats()["held"] == 0
 
 
 # ---- tp.track -------------------------------------------------------------------------------------
@@ -426,7 +485,21 @@ def test_random_programs_match_the_default_pipeline_without_races() -> None:
     keep_live = tp.Pipeline()
     assert check_programs(300, DEVICES) == 300   # strict: a race raises
     assert sim.races() == []                      # (host-side races are recorded, not raised)
+    tp.synchronize()
+    assert stats()["held"] == 0                   # memory held for uses went back
     del keep_live
+
+
+def test_random_programs_with_record_stream() -> None:
+    """The same kind of programs with allocator safety by record_stream (instead of holding)."""
+    _C._set_allocator_safety("record_stream")
+    try:
+        keep_live = tp.Pipeline()
+        assert check_programs(100, DEVICES, seed=99) == 100
+        assert sim.races() == []
+        del keep_live
+    finally:
+        _C._set_allocator_safety("hold")
 
 
 def test_random_programs_race_without_tracking() -> None:
