@@ -82,28 +82,23 @@ uint32_t DependencyTracker::checked_index(const Position& p, const char* what) {
   return it->second;
 }
 
-DependencyTracker::ClockView DependencyTracker::clock_at(uint32_t stream, uint64_t seq) const {
-  ClockView v;
-  v.stream = stream;
-  v.seq = seq;
-  const auto& history = streams_[stream].history;
-  // The last entry whose first_seq <= seq. None: the entry was dropped (history_limit), and the
-  // view under-approximates with the stream's own program order only.
-  auto it = std::upper_bound(history.begin(), history.end(), seq,
-                             [](uint64_t s, const HistoryEntry& e) { return s < e.first_seq; });
-  if (it != history.begin()) v.base = std::prev(it)->clock.get();
-  return v;
-}
-
 DependencyTracker::Op DependencyTracker::op_at(uint32_t stream, uint64_t seq) const {
   Op op;
   op.stream = stream;
   op.seq = seq;
   const auto& history = streams_[stream].history;
+  // The last entry whose first_seq <= seq. None: the entry was dropped (history_limit), and the
+  // clock under-approximates with the stream's own program order only.
   auto it = std::upper_bound(history.begin(), history.end(), seq,
                              [](uint64_t s, const HistoryEntry& e) { return s < e.first_seq; });
   if (it != history.begin()) op.clock = std::prev(it)->clock;
   return op;
+}
+
+DependencyTracker::ClockView DependencyTracker::clock_at(uint32_t stream, uint64_t seq) const {
+  // The snapshot stays alive in the history (clock_at's callers use it under the lock).
+  const Op op = op_at(stream, seq);
+  return ClockView{op.clock.get(), stream, seq};
 }
 
 void DependencyTracker::prune_history(uint32_t stream) {

@@ -11,21 +11,6 @@
 namespace torch_pipeline {
 namespace {
 
-bool is_write(const c10::AliasInfo* ai) {
-  if (ai == nullptr) {
-    return false;
-  }
-  if (ai->isWrite()) {
-    return true;
-  }
-  for (const auto& c : ai->containedTypes()) {
-    if (c.isWrite()) {
-      return true;
-    }
-  }
-  return false;
-}
-
 // Ops that touch no data although their schema does not say so.
 const std::unordered_set<std::string>& metadata_ops() {
   static const auto* ops = new std::unordered_set<std::string>{
@@ -44,7 +29,7 @@ OpFacts compute(const c10::FunctionSchema& s) {
   bool any_write = false;
   const auto& args = s.arguments();
   for (size_t i = 0; i < args.size(); ++i) {
-    const bool w = is_write(args[i].alias_info());
+    const bool w = alias_is_write(args[i].alias_info());
     f.write.push_back(w ? 1 : 0);
     any_write |= w;
     if (args[i].name() == "non_blocking" && args[i].type()->kind() == c10::TypeKind::BoolType) {
@@ -54,7 +39,7 @@ OpFacts compute(const c10::FunctionSchema& s) {
   bool all_views = !s.returns().empty();
   for (const auto& ret : s.returns()) {
     const auto* ai = ret.alias_info();
-    if (ai == nullptr || is_write(ai)) {
+    if (ai == nullptr || alias_is_write(ai)) {
       all_views = false;
     }
   }
@@ -100,6 +85,21 @@ const OpFacts& lookup_slow(const at::RecordFunction& fn) {
 }
 
 }  // namespace
+
+bool alias_is_write(const c10::AliasInfo* ai) {
+  if (ai == nullptr) {
+    return false;
+  }
+  if (ai->isWrite()) {
+    return true;
+  }
+  for (const auto& c : ai->containedTypes()) {
+    if (c.isWrite()) {
+      return true;
+    }
+  }
+  return false;
+}
 
 const OpFacts& op_facts(const at::RecordFunction& fn) {
   thread_local std::unordered_map<const char*, const OpFacts*> cache;

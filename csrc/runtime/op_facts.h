@@ -2,6 +2,7 @@
 // (DESIGN.md §4: "cache per-operator schema facts").
 #pragma once
 
+#include <ATen/core/alias_info.h>
 #include <ATen/record_function.h>
 
 #include <cstdint>
@@ -20,6 +21,10 @@ struct OpFacts {
   int non_blocking = -1;  // index of a bool argument named non_blocking, or -1
   bool known = false;     // false: no schema (not a dispatcher op); treated as transparent
 };
+
+// Whether an argument with this alias annotation is written by the op (Tensor(a!), or a list of
+// such). Shared with the sim device's kernels.
+bool alias_is_write(const c10::AliasInfo* ai);
 
 // The facts of the op `fn` stands for. Thread-safe; a hit costs a thread-local hash lookup.
 const OpFacts& op_facts(const at::RecordFunction& fn);

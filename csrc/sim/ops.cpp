@@ -1,5 +1,7 @@
 #include "ops.h"
 
+#include "../runtime/op_facts.h"
+
 #include <algorithm>
 #include <memory>
 #include <mutex>
@@ -13,21 +15,6 @@ namespace sim {
 namespace {
 
 // ---- per-operator facts -------------------------------------------------------------------------
-bool is_write(const c10::AliasInfo* ai) {
-  if (ai == nullptr) {
-    return false;
-  }
-  if (ai->isWrite()) {
-    return true;
-  }
-  for (const auto& c : ai->containedTypes()) {
-    if (c.isWrite()) {
-      return true;
-    }
-  }
-  return false;
-}
-
 bool tensor_like(const c10::TypePtr& type) {
   switch (type->kind()) {
     case c10::TypeKind::TensorType:
@@ -65,7 +52,7 @@ OpFacts compute_facts(const c10::FunctionSchema& s) {
   }
   bool any_write = false;
   for (const auto& arg : s.arguments()) {
-    const bool w = is_write(arg.alias_info());
+    const bool w = alias_is_write(arg.alias_info());
     f.write.push_back(w ? 1 : 0);
     any_write |= w;
   }
@@ -73,7 +60,7 @@ OpFacts compute_facts(const c10::FunctionSchema& s) {
   bool any_tensor_return = false;
   for (const auto& ret : s.returns()) {
     const auto* ai = ret.alias_info();
-    if (ai == nullptr || is_write(ai)) {
+    if (ai == nullptr || alias_is_write(ai)) {
       all_views = false;
     }
     any_tensor_return |= tensor_like(ret.type());
