@@ -104,7 +104,9 @@ def test_side_stream_read_without_wait_races() -> None:
     s = torch.Stream(device="sim:0")
     with s:
         y = x * 2
-    found = races_on(x)
+    # (If x's block was reused from the pool, its allocation is a write on the default stream
+    # that the read races with as well: not what this test is about.)
+    found = [r for r in races_on(x) if not r.earlier_op.startswith("allocation")]
     assert len(found) == 1
     r = found[0]
     assert r.earlier_op == "aten::fill_.Scalar" and r.earlier_write
