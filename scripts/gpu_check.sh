@@ -8,10 +8,12 @@
 # part of the build), setuptools; pytest for the test step. No internet: nothing is downloaded
 # (pip runs with --no-build-isolation --no-deps).
 #
-# Files written to $OUT (10): summary.txt, env.log, build.log, pytest_gpu.log (the GPU tests,
-# including the automatic-synchronization twins and the CUDA-sanitizer runs), bench_context.log,
-# bench_submit.log, bench_tracking.log, bench_allocator.log, async_logging.log, multi_branch.log. Every step runs under
-# `timeout`, within a total budget (GPU_CHECK_BUDGET_S, default 450 s); a failing step does not stop the script, its exit status is
+# Files written to $OUT (11): summary.txt, env.log, build.log, pytest_gpu.log (the GPU tests,
+# including the automatic-synchronization twins, NCCL on comm streams and the CUDA-sanitizer
+# runs), bench_context.log, bench_submit.log, bench_tracking.log, bench_allocator.log,
+# async_logging.log, multi_branch.log, overlap_allreduce.log. Every step runs under `timeout`,
+# within a total budget (GPU_CHECK_BUDGET_S, default 600 s); a failing step does not stop the
+# script, its exit status is
 # recorded in the summary, and the script exits 1 if any step failed (2 if the setup itself failed).
 #
 # Knobs: PYTHON (default python3, or python), GPU_CHECK_BUDGET_S, BENCH_FLAGS (default --check:
@@ -29,7 +31,7 @@ SUMMARY="$OUT_DIR/summary.txt"
 if [ -z "${PYTHON:-}" ]; then
   if command -v python3 >/dev/null 2>&1; then PYTHON=python3; else PYTHON=python; fi
 fi
-BUDGET_S="${GPU_CHECK_BUDGET_S:-450}"
+BUDGET_S="${GPU_CHECK_BUDGET_S:-600}"
 BENCH_FLAGS="${BENCH_FLAGS---check}"
 export MAX_JOBS="${MAX_JOBS:-$(nproc 2>/dev/null || echo 4)}"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"  # also works after an in-place build
@@ -157,8 +159,11 @@ if [ "$BUILD_RC" -eq 0 ]; then
   run_step bench_allocator bench_allocator.log 60 "$PYTHON" bench/bench_allocator.py
   run_step async_logging async_logging.log 90 "$PYTHON" examples/async_logging.py
   run_step multi_branch multi_branch.log 90 "$PYTHON" examples/multi_branch.py
+  # NCCL needs a GPU per rank: as many ranks as GPUs (at least one).
+  run_step overlap_allreduce overlap_allreduce.log 120 "$PYTHON" examples/overlap_allreduce.py \
+    --device cuda --nproc "$("$PYTHON" -c 'import torch; print(max(1, torch.cuda.device_count()))')"
 else
-  for s in pytest-gpu bench_context bench_submit bench_tracking bench_allocator async_logging multi_branch; do
+  for s in pytest-gpu bench_context bench_submit bench_tracking bench_allocator async_logging multi_branch overlap_allreduce; do
     STEP_LINES+=("$(printf '%-16s SKIPPED (build failed)' "$s")")
   done
   FAILED=1
@@ -188,6 +193,10 @@ fi
   if [ -f "$OUT_DIR/bench_allocator.log" ]; then
     echo "bench_allocator:"
     grep -E "^cuda:|^sim:|peak allocated|^(join|deep queue):" "$OUT_DIR/bench_allocator.log" | sed 's/^/  /'
+  fi
+  if [ -f "$OUT_DIR/overlap_allreduce.log" ]; then
+    echo "overlap_allreduce:"
+    grep -E "ranks on|^no overlap|^overlap|^speed-up|^check passed|^CHECK FAILED|Error" "$OUT_DIR/overlap_allreduce.log" | sed 's/^/  /'
   fi
   if [ -f "$OUT_DIR/multi_branch.log" ]; then
     echo "multi_branch:"

@@ -57,6 +57,8 @@ __all__ = [
     "pipelined",
     "set_max_worker_threads",
     "set_pipeline",
+    "collective",
+    "comm_stream",
     "synchronize",
     "track",
 ]
@@ -112,6 +114,62 @@ class track:
     def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
                  tb: Optional[TracebackType]) -> None:
         self._scope = None  # records the end of the accesses
+
+
+# ---- communication streams -----------------------------------------------------------------------
+def __getattr__(name: str) -> Any:
+    # tp.distributed, imported on first use (it imports torch.distributed).
+    if name == "distributed":
+        import importlib
+
+        return importlib.import_module(".distributed", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if os.environ.get("TORCH_PIPELINE_DEBUG_COLLECTIVES") == "1":
+    _C._set_collective_debug(True)
+
+
+class collective:
+    """Makes this thread's communication streams current: one per (worker thread, device), shared by
+    every pipeline of that worker thread, never one of their compute streams. Collectives issued
+    inside (``torch.distributed`` with ``async_op=False``; ProcessGroupNCCL launches those on the
+    current stream since torch 2.8) run there, in the order this thread issues them, overlapping
+    the pipelines' compute; automatic synchronization orders their inputs after their producers and
+    their consumers after them. The thread's worker thread is its own on a worker thread (inside a
+    task), else that of the current pipeline. On the CPU (Gloo) there are no streams and it changes
+    nothing.
+
+        >>> def reduce_bucket(bucket):            # a task on the comm pipeline's worker thread
+        ...     with tp.collective():
+        ...         dist.all_reduce(bucket, group=groups.current())
+        ...     return bucket
+        >>> comm.submit(reduce_bucket, grads)
+    """
+
+    def __enter__(self) -> "collective":
+        if getattr(self, "_guard", None) is not None:
+            raise RuntimeError("this collective() block is already entered; make a new one")
+        self._guard: Optional[_C._CollectiveGuard] = _C._CollectiveGuard()
+        return self
+
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        self._guard = None  # restores the streams
+
+
+def comm_stream(device: DeviceLike = None,
+                worker_thread: Union[WorkerThread, int, None] = None) -> Optional[torch.Stream]:
+    """The communication stream of ``worker_thread`` (default: this thread's, see
+    :class:`collective`) on ``device`` (default: the current accelerator device), as a
+    ``torch.Stream`` (``torch.cuda.Stream`` on CUDA); None on the CPU. Created on first use.
+
+        >>> s = tp.comm_stream("cuda:0", worker_thread=1)   # doctest: +SKIP
+    """
+    d = _resolve_device(device)
+    if d is None:
+        return None
+    return _to_torch_stream(_C._comm_stream(worker_thread, d))
 
 
 # ---- devices ---------------------------------------------------------------------------------

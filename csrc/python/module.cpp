@@ -4,6 +4,7 @@
 #include "sim_bindings.h"
 #include "tasks.h"
 
+#include "../runtime/comm.h"
 #include "../runtime/context.h"
 #include "../runtime/devices.h"
 #include "../runtime/event.h"
@@ -401,6 +402,19 @@ makes another pipeline's stream on each of those devices wait for it.
     return py::cast(current_device(*acc));
   });
   m.def("_generation", &Runtime::current_generation);
+
+  // ---- communication streams (comm.h) ----
+  py::class_<CollectiveGuard>(m, "_CollectiveGuard")
+      .def(py::init<>());
+  m.def("_comm_stream", [](py::handle worker_thread, py::handle device) {
+    const int worker = worker_thread.is_none() ? collective_worker() : to_worker_id(worker_thread);
+    return comm_stream(worker, to_device(device));
+  }, py::arg("worker_thread"), py::arg("device"));
+  m.def("_collective_worker", &collective_worker);
+  m.def("_set_collective_debug", &set_collective_debug, py::arg("on"));
+  m.def("_collective_debug", &collective_debug);
+  m.def("_collective_hazards", &collective_hazards);
+  m.def("_clear_collective_hazards", &clear_collective_hazards);
 
   // ---- automatic synchronization (tracking) ----
   tracking::set_blocking_wait([](const tracking::Step& step) {

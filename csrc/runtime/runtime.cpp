@@ -173,6 +173,24 @@ PipelinePtr Runtime::create_pipeline(int worker_id, int priority) {
   }
 }
 
+c10::Stream Runtime::comm_stream(int worker_id, const c10::Device& device) {
+  check_worker_id(worker_id);
+  const auto key = std::make_tuple(worker_id, static_cast<int>(device.type()),
+                                   static_cast<int>(device.index()));
+  c10::Stream out = c10::Stream(c10::Stream::DEFAULT, device);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = comm_streams_.find(key);
+    if (it != comm_streams_.end()) {
+      return it->second;
+    }
+    out = new_stream(device, 0);  // under the lock: an exclusive stream is never made twice
+    comm_streams_.emplace(key, out);
+  }
+  note_live_stream(out);  // lives as long as the process: warns if a pipeline aliases it
+  return out;
+}
+
 void Runtime::note_live_stream(const c10::Stream& stream) {
   if (has_exclusive_streams(stream.device_type())) {
     return;

@@ -46,6 +46,10 @@ class Runtime {
   std::vector<core::WorkerThread*> workers();
 
   PipelinePtr create_pipeline(int worker_id, int priority);
+
+  // The communication stream of (worker thread, device), created on first use (see comm.h).
+  // `device` must be checked by the caller (check_stream_device).
+  c10::Stream comm_stream(int worker_id, const c10::Device& device);
   const PipelinePtr& default_pipeline() const { return default_; }
 
   // Watches non-exclusive streams held by live slots: warns once when two live slots share one.
@@ -65,6 +69,8 @@ class Runtime {
   std::map<std::pair<int, int>, std::unique_ptr<SlotTable>> tables_;
   // (device type, device index, stream id) -> number of live slots holding that stream
   std::map<std::tuple<int, int, c10::StreamId>, int> live_streams_;
+  // (worker thread, device type, device index) -> its communication stream
+  std::map<std::tuple<int, int, int>, c10::Stream> comm_streams_;
   PipelinePtr default_;
 };
 

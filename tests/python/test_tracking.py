@@ -475,6 +475,69 @@ def test_the_task_may_write_its_own_arguments() -> None:
     assert torch.equal(x.cpu(), torch.full((N,), 3.0))
 
 
+# ---- communication streams: tp.collective() ---------------------------------------------------------
+_FAKE_COLLECTIVES: "Optional[torch.library.Library]" = None
+
+
+def fake_all_reduce_(t: "torch.Tensor") -> None:
+    """A stand-in for a collective on sim tensors (Gloo and NCCL take none): a dispatcher op that
+    writes its argument in place, as c10d::allreduce_ does (here: a world of 2 equal ranks)."""
+    global _FAKE_COLLECTIVES
+    if _FAKE_COLLECTIVES is None:
+        _FAKE_COLLECTIVES = torch.library.Library("tp_test", "DEF")
+        _FAKE_COLLECTIVES.define("fake_all_reduce_(Tensor(a!) t) -> ()")
+        def kernel(x: "torch.Tensor") -> None:
+            x.mul_(2)
+
+        _FAKE_COLLECTIVES.impl("fake_all_reduce_", kernel, "PrivateUse1")
+    torch.ops.tp_test.fake_all_reduce_(t)
+
+
+def test_collective_makes_the_comm_stream_of_the_worker_thread_current() -> None:
+    p = tp.Pipeline(tp.get_worker_thread(1))
+    before = torch.accelerator.current_stream(0)
+    comm0 = tp.comm_stream("sim:0", worker_thread=0)
+    comm1 = tp.comm_stream("sim:0", worker_thread=tp.get_worker_thread(1))
+    assert comm0 != comm1 and comm1 != p.stream("sim:0") and comm0 != before
+    with tp.collective():
+        assert torch.accelerator.current_stream(0) == comm0   # main thread, default pipeline
+    assert torch.accelerator.current_stream(0) == before
+    with tp.pipeline(p), tp.collective():
+        assert torch.accelerator.current_stream(0) == comm1   # p's worker thread's
+        assert tp.comm_stream() == comm1
+    q = tp.Pipeline(tp.get_worker_thread(1))                  # shared by the worker's pipelines
+    with tp.pipeline(q), tp.collective():
+        assert torch.accelerator.current_stream(0) == comm1
+
+    def in_task() -> bool:
+        with tp.collective():
+            return torch.accelerator.current_stream(0) == comm1 == tp.comm_stream()
+
+    assert p.submit(in_task).wait()
+    with pytest.raises(ValueError, match="out of range"):
+        tp.comm_stream("sim:0", worker_thread=99)
+
+
+def collective_program(p: "tp.Pipeline") -> "torch.Tensor":
+    with tp.pipeline(p):
+        x = ones(3.0)                  # the producer, on p's stream
+    with tp.collective():
+        fake_all_reduce_(x)            # on the comm stream: waits for the producer
+    return x + 1                       # the consumer, on the default stream: waits for it
+
+
+def test_the_tracker_orders_a_collective_between_its_producer_and_its_consumer() -> None:
+    p = tp.Pipeline(tp.get_worker_thread(1))
+    y = collective_program(p)
+    assert torch.equal(y.cpu(), torch.full((N,), 7.0))
+    assert sim.races() == []
+    with untracked():
+        collective_program(p)
+        later = {r.later_op for r in sim.races()}
+        assert any("mul" in op for op in later), sim.races()   # the collective's input
+        assert any("add" in op for op in later), sim.races()   # its consumer
+
+
 # ---- random programs (tests/python/_programs.py) -------------------------------------------------
 DEVICES = ("sim:0", "sim:1")
 

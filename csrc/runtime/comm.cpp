@@ -1,0 +1,163 @@
+#include "comm.h"
+
+#include "../core/worker_pool.h"
+#include "context.h"
+#include "devices.h"
+#include "runtime.h"
+
+#include <ATen/core/ivalue.h>
+#include <ATen/record_function.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+namespace torch_pipeline {
+
+c10::Stream comm_stream(int worker_id, const c10::Device& device) {
+  return Runtime::get().comm_stream(worker_id, check_stream_device(device));
+}
+
+int collective_worker() {
+  const int me = core::WorkerThread::current_id();
+  return me >= 0 ? me : current_pipeline()->worker_id();
+}
+
+CollectiveGuard::CollectiveGuard() {
+  const int worker = collective_worker();
+  const PipelinePtr p = current_pipeline();
+  const DeviceStreams lane = lane_streams(*p);
+  try {
+    for (const auto& ds : lane) {
+      const c10::Stream s = comm_stream(worker, ds.first);
+      saved_.push_back(c10::impl::getDeviceGuardImpl(s.device_type())->exchangeStream(s));
+    }
+  } catch (...) {
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+      c10::impl::getDeviceGuardImpl(it->device_type())->exchangeStream(*it);
+    }
+    throw;
+  }
+}
+
+CollectiveGuard::~CollectiveGuard() {
+  try {
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+      c10::impl::getDeviceGuardImpl(it->device_type())->exchangeStream(*it);
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "torch_pipeline: could not restore the streams after collective(): " << e.what()
+              << std::endl;
+  }
+}
+
+namespace {
+
+struct Issuer {
+  std::thread::id thread;
+  int worker;  // -1: not a worker thread
+};
+
+std::mutex g_debug_mutex;
+std::optional<at::CallbackHandle> g_debug_callback;
+std::map<const void*, Issuer>* g_issuers = new std::map<const void*, Issuer>();
+std::vector<std::string>* g_hazards = new std::vector<std::string>();
+constexpr size_t kMaxHazards = 100;
+
+std::string describe(const Issuer& i) {
+  std::ostringstream os;
+  if (i.worker >= 0) {
+    os << "worker thread " << i.worker;
+  } else {
+    os << "thread " << i.thread << " (not a worker thread)";
+  }
+  return os.str();
+}
+
+// The process group an op argument stands for: a torchbind object holding it.
+const void* process_group_of(const c10::IValue& v) {
+  if (!v.isObject()) {
+    return nullptr;
+  }
+  const auto& obj = v.toObjectRef();
+  if (obj.slots().size() == 1 && obj.getSlot(0).isCapsule()) {
+    return obj.getSlot(0).toCapsule().get();
+  }
+  return nullptr;
+}
+
+std::unique_ptr<at::ObserverContext> on_c10d_op(const at::RecordFunction& fn) {
+  if (std::strncmp(fn.name(), "c10d::", 6) != 0) {
+    return nullptr;
+  }
+  const void* pg = nullptr;
+  for (const c10::IValue& v : fn.inputs()) {
+    if ((pg = process_group_of(v)) != nullptr) {
+      break;
+    }
+  }
+  if (pg == nullptr) {
+    return nullptr;
+  }
+  const Issuer me{std::this_thread::get_id(), core::WorkerThread::current_id()};
+  std::string message;
+  {
+    std::lock_guard<std::mutex> lock(g_debug_mutex);
+    auto [it, inserted] = g_issuers->emplace(pg, me);
+    if (inserted || it->second.thread == me.thread) {
+      return nullptr;
+    }
+    std::ostringstream os;
+    os << fn.name() << " on process group " << pg << " from " << describe(me)
+       << ", which " << describe(it->second)
+       << " also issues collectives on: collectives issued concurrently from two threads into one "
+          "process group can run in a different order on different ranks and deadlock; give each "
+          "thread its own group (torch_pipeline.distributed.thread_groups)";
+    message = os.str();
+    if (g_hazards->size() < kMaxHazards) {
+      g_hazards->push_back(message);
+    }
+    it->second = me;  // report each change of thread once
+  }
+  TORCH_WARN_ONCE("torch_pipeline: ", message);
+  return nullptr;
+}
+
+}  // namespace
+
+void set_collective_debug(bool on) {
+  std::lock_guard<std::mutex> lock(g_debug_mutex);
+  if (on && !g_debug_callback.has_value()) {
+    g_debug_callback = at::addGlobalCallback(at::RecordFunctionCallback(&on_c10d_op)
+                                                 .needsInputs(true)
+                                                 .scopes({at::RecordScope::FUNCTION}));
+  } else if (!on && g_debug_callback.has_value()) {
+    at::removeCallback(*g_debug_callback);
+    g_debug_callback.reset();
+    g_issuers->clear();
+  }
+}
+
+bool collective_debug() {
+  std::lock_guard<std::mutex> lock(g_debug_mutex);
+  return g_debug_callback.has_value();
+}
+
+std::vector<std::string> collective_hazards() {
+  std::lock_guard<std::mutex> lock(g_debug_mutex);
+  return *g_hazards;
+}
+
+void clear_collective_hazards() {
+  std::lock_guard<std::mutex> lock(g_debug_mutex);
+  g_hazards->clear();
+  g_issuers->clear();
+}
+
+}  // namespace torch_pipeline

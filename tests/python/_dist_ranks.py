@@ -1,0 +1,100 @@
+"""What each rank runs in test_distributed.py (a process per rank, Gloo on loopback).
+
+    python tests/python/_dist_ranks.py PROGRAM RANK WORLD PORT OUT_JSON
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Callable, Dict
+
+import torch
+import torch.distributed as dist
+
+import torch_pipeline as tp
+import torch_pipeline.distributed as tpd
+
+
+def two_worker_threads(rank: int, world: int) -> Dict[str, Any]:
+    """Tasks on worker threads 1 and 2 all-reduce, each on its own thread group, 120 iterations,
+    while the main thread computes. Every result is checked exactly."""
+    groups = tpd.thread_groups()
+    names = [g.group_name for g in groups]
+    members = [dist.get_process_group_ranks(g) for g in groups]
+    everyone = [None] * world
+    dist.all_gather_object(everyone, (names, members))
+    same_order = all(e == (names, members) for e in everyone)
+
+    p1 = tp.Pipeline(tp.get_worker_thread(1))
+    p2 = tp.Pipeline(tp.get_worker_thread(2))
+
+    def reduce(t: torch.Tensor) -> torch.Tensor:
+        with tp.collective():
+            dist.all_reduce(t, group=groups.current())
+        return t
+
+    iterations = 120
+    wrong = 0
+    main_work = torch.randn(64, 64)
+    for i in range(iterations):
+        a = torch.full((1000,), float(rank + i))        # sum over ranks: world * i + sum(ranks)
+        b = torch.arange(1000, dtype=torch.float64) * (rank + 1)
+        fa = p1.submit(reduce, a)
+        fb = p2.submit(reduce, b)
+        for _ in range(3):
+            main_work = torch.tanh(main_work @ main_work)  # the main thread computes meanwhile
+        ra, rb = fa.wait(), fb.wait()
+        expect_a = float(world * i + world * (world - 1) // 2)
+        expect_b = torch.arange(1000, dtype=torch.float64) * (world * (world + 1) // 2)
+        wrong += int(not torch.equal(ra, torch.full((1000,), expect_a)))
+        wrong += int(not torch.equal(rb, expect_b))
+    return {"iterations": iterations, "wrong": wrong, "same_order": same_order,
+            "groups": len(groups), "hazards": tpd.hazards()}
+
+
+def shared_group(rank: int, world: int) -> Dict[str, Any]:
+    """Debug mode: tasks of two worker threads issuing on one group are reported; on their own
+    thread groups they are not."""
+    tpd.set_debug(True)
+    groups = tpd.thread_groups()
+    p1 = tp.Pipeline(tp.get_worker_thread(1))
+    p2 = tp.Pipeline(tp.get_worker_thread(2))
+
+    def reduce(t: torch.Tensor, group: Any) -> torch.Tensor:
+        dist.all_reduce(t, group=group)
+        return t
+
+    for _ in range(3):
+        p1.submit(reduce, torch.ones(4), groups[1]).wait()
+        p2.submit(reduce, torch.ones(4), groups[2]).wait()
+    clean = tpd.hazards()
+    p1.submit(reduce, torch.ones(4), None).wait()   # the default group, from worker thread 1
+    p2.submit(reduce, torch.ones(4), None).wait()   # ... and from worker thread 2
+    return {"clean": clean, "hazards": tpd.hazards()}
+
+
+PROGRAMS: Dict[str, Callable[[int, int], Dict[str, Any]]] = {
+    "two_worker_threads": two_worker_threads,
+    "shared_group": shared_group,
+}
+
+
+def main() -> None:
+    program, rank, world, port, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = port
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    t0 = time.perf_counter()
+    result = PROGRAMS[program](rank, world)
+    result["seconds"] = time.perf_counter() - t0
+    dist.barrier()
+    dist.destroy_process_group()
+    with open(out, "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()
