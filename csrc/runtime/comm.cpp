@@ -4,9 +4,11 @@
 #include "context.h"
 #include "devices.h"
 #include "runtime.h"
+#include "tracking.h"
 
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
+#include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
@@ -29,14 +31,22 @@ int collective_worker() {
   return me >= 0 ? me : current_pipeline()->worker_id();
 }
 
-CollectiveGuard::CollectiveGuard() {
+CollectiveGuard::CollectiveGuard() : tracked_(tracking::live()) {
   const int worker = collective_worker();
   const PipelinePtr p = current_pipeline();
   const DeviceStreams lane = lane_streams(*p);
   try {
     for (const auto& ds : lane) {
       const c10::Stream s = comm_stream(worker, ds.first);
-      saved_.push_back(c10::impl::getDeviceGuardImpl(s.device_type())->exchangeStream(s));
+      const auto* impl = c10::impl::getDeviceGuardImpl(s.device_type());
+      if (!tracked_ && s != ds.second) {
+        // Nothing orders the collectives automatically: the comm stream waits for the stream it
+        // replaces (its inputs were made there), and the destructor makes it wait back.
+        c10::Event before(s.device_type());
+        before.record(ds.second);
+        before.block(s);
+      }
+      saved_.push_back(impl->exchangeStream(s));
     }
   } catch (...) {
     for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
@@ -49,7 +59,13 @@ CollectiveGuard::CollectiveGuard() {
 CollectiveGuard::~CollectiveGuard() {
   try {
     for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
-      c10::impl::getDeviceGuardImpl(it->device_type())->exchangeStream(*it);
+      const auto* impl = c10::impl::getDeviceGuardImpl(it->device_type());
+      const c10::Stream comm = impl->exchangeStream(*it);
+      if (!tracked_ && comm != *it) {
+        c10::Event after(comm.device_type());
+        after.record(comm);
+        after.block(*it);
+      }
     }
   } catch (const std::exception& e) {
     std::cerr << "torch_pipeline: could not restore the streams after collective(): " << e.what()

@@ -20,7 +20,9 @@ c10::Stream comm_stream(int worker_id, const c10::Device& device);
 int collective_worker();
 
 // RAII (tp.collective()): the current streams of the devices the current pipeline works on
-// become the communication streams of collective_worker(); the destructor restores them.
+// become the communication streams of collective_worker(); the destructor restores them. While
+// automatic synchronization is idle (no non-default pipeline alive), the comm streams wait for the
+// streams they replace on entry, and those wait for them on exit.
 class CollectiveGuard {
  public:
   CollectiveGuard();
@@ -29,6 +31,7 @@ class CollectiveGuard {
   CollectiveGuard& operator=(const CollectiveGuard&) = delete;
 
  private:
+  bool tracked_;
   std::vector<c10::Stream> saved_;
 };
 

@@ -43,7 +43,16 @@ using core::StorageId;
 using core::StreamId;
 using HoldPtr = std::shared_ptr<TaskHold::State>;
 
-constexpr StreamId kHostStream = -1;  // the host's timeline: CPU ops on watched memory
+// The host timelines (CPU ops on watched memory): one per thread, ids -1, -2, ... A thread's host
+// position is complete when its op returns; another thread's is not known to be.
+std::atomic<StreamId> g_next_host{-1};
+StreamId host_stream() {
+  thread_local const StreamId id = g_next_host.fetch_sub(1);
+  return id;
+}
+bool is_host(StreamId id) {
+  return id < 0;
+}
 constexpr size_t kEventsKept = 64;    // recorded events kept per stream, by position
 
 // ---- process-wide switches and counters (lock-free reads on the op path) ----------------------
@@ -95,6 +104,10 @@ struct StreamEntry {
   // that position is known complete (positions ascending).
   std::deque<std::pair<uint64_t, c10::Storage>> held;
   uint64_t complete = 0;  // positions up to this one are known complete
+  // Positions handed out whose op has not finished launching (several threads can share a
+  // stream): an event recorded now does not cover them, so it is labelled below the lowest.
+  std::vector<uint64_t> in_flight;
+  uint64_t launched = 0;  // the latest position handed out
   uint64_t not_done = 0;  // the newest event a poll found not complete yet ...
   uint32_t skipped = 0;   // ... and the polls since that did not query it again
 };
@@ -223,8 +236,7 @@ StorageEntry& promote_locked(LiveState& st, LiveState::Young&& y) {
   maybe_sweep_locked(st);
   auto inserted = st.storages.emplace(
       y.key, StorageEntry(std::move(y.weak), reinterpret_cast<StorageId>(y.key)));
-  TORCH_INTERNAL_ASSERT(inserted.second, "torch_pipeline: a young storage already had an entry");
-  StorageEntry& e = inserted.first->second;
+  StorageEntry& e = inserted.first->second;  // (new: young storages have no entry)
   e.recorded.reset(y.definition.stream);
   e.home = y.definition.stream;
   e.pending_definition = y.definition;
@@ -253,9 +265,10 @@ void add_young_locked(LiveState& st, const c10::Storage& storage, Position defin
     it->second.home = definition.stream;
     return;
   }
-  for (auto y = st.young.rbegin(); y != st.young.rend() && y->definition == definition; ++y) {
-    if (y->key == key) {
-      return;  // two outputs of the op share the storage
+  for (auto& y : st.young) {
+    if (y.key == key) {
+      y.definition = definition;  // (two outputs sharing a storage, or an op returning it again)
+      return;
     }
   }
   if (st.young.size() >= kYoung) {
@@ -319,10 +332,21 @@ std::shared_ptr<c10::Event> event_at_locked(LiveState& st, const Position& p) {
   return ev;
 }
 
-// Records an event after position `seq` of stream `id` (the caller knows it has launched).
+// The latest position of `e` that every position up to has finished launching.
+uint64_t settled(const StreamEntry& e) {
+  uint64_t s = e.launched;
+  for (const uint64_t f : e.in_flight) {
+    s = std::min(s, f - 1);
+  }
+  return s;
+}
+
+// Records an event after position `seq` of stream `id` (the caller's op at `seq` has launched;
+// the label drops below positions other threads are still launching).
 void record_locked(LiveState& st, StreamId id, uint64_t seq) {
   StreamEntry& e = *st.by_id.at(id);
-  if (!e.events.empty() && e.events.back().first >= seq) {
+  seq = std::min(seq, settled(e));
+  if (seq == 0 || (!e.events.empty() && e.events.back().first >= seq)) {
     return;
   }
   std::shared_ptr<c10::Event> ev;
@@ -378,7 +402,10 @@ void poll_held_locked(LiveState& st, std::vector<c10::Storage>& released) {
         candidates.push_back(*it);
       }
     } else {
-      const uint64_t covers = e.held.back().first;
+      const uint64_t covers = std::min(e.held.back().first, settled(e));
+      if (covers < front) {
+        continue;  // the oldest held use is behind an op still launching on another thread
+      }
       auto ev = std::make_shared<c10::Event>(e.stream.device_type());
       ev->record(e.stream);
       g_counters.events.fetch_add(1, std::memory_order_relaxed);
@@ -583,9 +610,9 @@ void host_access(Tls& t, const std::vector<Access>& cpu) {
     if (reads.empty() && writes.empty()) {
       return;
     }
-    auto launch = st.tracker->launch(kHostStream, reads, writes);
+    auto launch = st.tracker->launch(host_stream(), reads, writes);
     for (const Position& w : launch.waits) {
-      if (w.stream != kHostStream) {
+      if (!is_host(w.stream)) {
         events.push_back(event_at_locked(st, w));
       }
     }
@@ -675,8 +702,10 @@ void device_launch(Tls& t, const std::vector<Access>& accesses, bool async,
     }
     end_run_locked(t, st, se.id);
     const auto launch = st.tracker->launch(se.id, reads, writes);
+    se.launched = launch.position.seq;
+    se.in_flight.push_back(launch.position.seq);  // until finish()
     for (const Position& w : launch.waits) {
-      if (w.stream != kHostStream) {  // (a host op still synchronizing: only a racy program)
+      if (!is_host(w.stream)) {  // (a host op of another thread still synchronizing: racy)
         event_at_locked(st, w)->block(stream);
       }
     }
@@ -689,6 +718,20 @@ void device_launch(Tls& t, const std::vector<Access>& accesses, bool async,
 // After the op: its fresh outputs get it as their (pending) definition, and its position becomes
 // the thread's last (a multi-device op records its events at once). `groups` gets the groups of
 // factory outputs appended.
+// The ops of `groups` have finished launching (StreamEntry::in_flight).
+void settle_locked(LiveState& st, const std::vector<Group>& groups) {
+  for (const Group& g : groups) {
+    auto it = st.by_id.find(g.id);
+    if (it != st.by_id.end()) {
+      auto& f = it->second->in_flight;
+      auto pos = std::find(f.begin(), f.end(), g.seq);
+      if (pos != f.end()) {
+        f.erase(pos);
+      }
+    }
+  }
+}
+
 void finish(Tls& t, std::vector<Group>& groups, uint64_t epoch,
             const std::vector<at::Tensor>* fresh, bool async) {
   LiveState& st = *g_state;
@@ -697,6 +740,7 @@ void finish(Tls& t, std::vector<Group>& groups, uint64_t epoch,
     record_pending_holds(t);  // tracking went idle (and maybe live again) since the launch
     return;
   }
+  settle_locked(st, groups);
   if (fresh != nullptr) {
     for (const at::Tensor& out : *fresh) {
       const c10::Device d = out.device();
@@ -719,6 +763,7 @@ void finish(Tls& t, std::vector<Group>& groups, uint64_t epoch,
           StreamEntry& se = stream_entry_locked(st, stream);
           end_run_locked(t, st, se.id);
           const auto launch = st.tracker->launch(se.id, {}, {});
+          se.launched = launch.position.seq;  // (launched already: the op has run)
           g_counters.launches.fetch_add(1, std::memory_order_relaxed);
           groups.push_back(Group{d, stream, se.id, launch.position.seq});
         }
@@ -739,7 +784,10 @@ void finish(Tls& t, std::vector<Group>& groups, uint64_t epoch,
   for (auto& h : t.pending_holds) {
     for (const Group& g : groups) {
       if (g.id == h.id) {
-        st.by_id.at(h.id)->held.emplace_back(g.seq, std::move(h.storage));
+        auto& held = st.by_id.at(h.id)->held;  // kept sorted (threads finish out of order)
+        auto at = std::upper_bound(held.begin(), held.end(), g.seq,
+                                   [](uint64_t seq, const auto& x) { return seq < x.first; });
+        held.emplace(at, g.seq, std::move(h.storage));
         ++st.held;
         g_counters.holds.fetch_add(1, std::memory_order_relaxed);
         break;
@@ -913,6 +961,13 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   try {
     begin_op(fn, facts, t);
   } catch (const std::exception& e) {
+    if (!t.groups.empty()) {
+      LiveState& st = *g_state;
+      std::lock_guard<std::mutex> lock(st.mutex);
+      if (st.epoch == t.epoch) {
+        settle_locked(st, t.groups);
+      }
+    }
     t.groups.clear();
     t.host_only = true;
     warn_once("before an op", e);
@@ -952,18 +1007,25 @@ void reset_locked(LiveState& st) {
   st.by_id.clear();
   st.storages.clear();
   st.young.clear();
+  st.held = 0;
   st.baseline.clear();
   st.inserted_since_sweep = 0;
   g_host_watch.store(0, std::memory_order_relaxed);
 }
 
 void go_live() {
+  // The callback first: ops from now on are observed; those queued before the baseline below is
+  // recorded (on the streams current now and the default streams) are ordered by it.
+  g_callback = at::addGlobalCallback(at::RecordFunctionCallback(&on_start, &on_end)
+                                         .needsInputs(true)
+                                         .needsOutputs(true)
+                                         .scopes({at::RecordScope::FUNCTION}));
   LiveState& st = *g_state;
   {
     std::lock_guard<std::mutex> lock(st.mutex);
     reset_locked(st);
-    // Work launched before (untracked) on the streams current now and the default streams is
-    // ordered before tracked work: each stream waits for this baseline at its first use.
+    // Work launched before (untracked) is ordered before tracked work: each stream waits for
+    // this baseline at its first use.
     for (const c10::Device& d : initialized_accelerator_devices()) {
       const auto* impl = guard_impl(d.type());
       for (const c10::Stream& s : {impl->getStream(d), impl->getDefaultStream(d)}) {
@@ -976,50 +1038,44 @@ void go_live() {
       }
     }
   }
-  g_callback = at::addGlobalCallback(at::RecordFunctionCallback(&on_start, &on_end)
-                                         .needsInputs(true)
-                                         .needsOutputs(true)
-                                         .scopes({at::RecordScope::FUNCTION}));
   g_live.store(true, std::memory_order_release);
+}
+
+// Every tracked stream, and each device's default stream and this thread's current one, waits for
+// all tracked work of its device: untracked work from now on is ordered after it.
+void barrier_locked(LiveState& st) {
+  std::vector<std::pair<c10::Stream, c10::Event>> ends;
+  std::vector<c10::Stream> waiters;
+  for (const auto& [stream, entry] : st.streams) {
+    ends.emplace_back(stream, c10::Event(stream.device_type()));
+    ends.back().second.record(stream);
+    waiters.push_back(stream);
+    const auto* impl = guard_impl(stream.device_type());
+    for (const c10::Stream& s : {impl->getDefaultStream(stream.device()),
+                                 impl->getStream(stream.device())}) {
+      if (std::find(waiters.begin(), waiters.end(), s) == waiters.end()) {
+        waiters.push_back(s);
+      }
+    }
+  }
+  for (const c10::Stream& stream : waiters) {
+    for (const auto& [from, event] : ends) {
+      if (from != stream && from.device() == stream.device()) {
+        event.block(stream);
+      }
+    }
+  }
 }
 
 void go_idle() {
   g_live.store(false, std::memory_order_release);
-  if (g_callback.has_value()) {
-    at::removeCallback(*g_callback);
-    g_callback.reset();
-  }
   LiveState& st = *g_state;
   std::vector<std::shared_ptr<c10::Event>> host_pending;
   std::vector<c10::Storage> released;
   {
     std::lock_guard<std::mutex> lock(st.mutex);
-    // Untracked work from now on, on any of these streams, is ordered after all tracked work of
-    // its device.
-    std::vector<std::pair<c10::Stream, c10::Event>> ends;
-    std::vector<c10::Stream> waiters;
-    for (const auto& [stream, entry] : st.streams) {
-      ends.emplace_back(stream, c10::Event(stream.device_type()));
-      ends.back().second.record(stream);
-      waiters.push_back(stream);
-      // Untracked code runs next on the default stream (or this thread's current one), which the
-      // live period may never have used.
-      const auto* impl = guard_impl(stream.device_type());
-      for (const c10::Stream& s : {impl->getDefaultStream(stream.device()),
-                                   impl->getStream(stream.device())}) {
-        if (std::find(waiters.begin(), waiters.end(), s) == waiters.end()) {
-          waiters.push_back(s);
-        }
-      }
-    }
-    for (const c10::Stream& stream : waiters) {
-      for (const auto& [from, event] : ends) {
-        if (from != stream && from.device() == stream.device()) {
-          event.block(stream);
-        }
-      }
-    }
-    // CPU memory a non_blocking copy may still be writing: CPU ops are no longer observed, so
+    barrier_locked(st);
+    // CPU memory a non_blocking copy may still be writing: CPU ops will no longer be observed, so
     // wait here for the copies (on the streams that touched watched memory).
     std::vector<StreamId> touched;
     for (auto& [key, e] : st.storages) {
@@ -1027,8 +1083,9 @@ void go_idle() {
         continue;
       }
       define_pending_locked(st, e);
-      for (const Position& p : st.tracker->uses_off(e.id, kHostStream)) {
-        if (std::find(touched.begin(), touched.end(), p.stream) == touched.end()) {
+      for (const Position& p : st.tracker->uses_off(e.id, host_stream())) {
+        if (!is_host(p.stream) &&
+            std::find(touched.begin(), touched.end(), p.stream) == touched.end()) {
           touched.push_back(p.stream);
         }
       }
@@ -1036,12 +1093,8 @@ void go_idle() {
     for (const StreamId id : touched) {
       const auto it = st.by_id.find(id);
       if (it != st.by_id.end()) {
-        for (const auto& [from, event] : ends) {
-          if (from == it->second->stream) {
-            host_pending.push_back(std::make_shared<c10::Event>(from.device_type()));
-            host_pending.back()->record(from);
-          }
-        }
+        host_pending.push_back(std::make_shared<c10::Event>(it->second->stream.device_type()));
+        host_pending.back()->record(it->second->stream);
       }
     }
     // Held storages: their uses may still run; hand them to the allocator's record_stream.
@@ -1053,12 +1106,27 @@ void go_idle() {
       entry->held.clear();
     }
     st.held = 0;
-    reset_locked(st);
   }
-  released.clear();  // after the lock: may free memory
   for (const auto& ev : host_pending) {
     ev->synchronize();
   }
+  if (g_callback.has_value()) {
+    at::removeCallback(*g_callback);
+    g_callback.reset();
+  }
+  {
+    // Again, for what other threads launched while the callback was still installed.
+    std::lock_guard<std::mutex> lock(st.mutex);
+    barrier_locked(st);
+    for (auto& [stream, entry] : st.streams) {
+      for (auto& [seq, storage] : entry->held) {
+        guard_impl(stream.device_type())->recordDataPtrOnStream(storage.data_ptr(), stream);
+        released.push_back(std::move(storage));
+      }
+    }
+    reset_locked(st);
+  }
+  released.clear();  // after the lock: may free memory
 }
 
 void update_live() {
@@ -1179,10 +1247,16 @@ TrackScope::TrackScope(const std::vector<at::Tensor>& reads, const std::vector<a
     return;
   }
   std::vector<Group> groups;
-  device_launch(tls, accesses, /*async=*/false, groups, epoch_);
+  Tls& t = tls;
+  device_launch(t, accesses, /*async=*/false, groups, epoch_);
   for (const Group& g : groups) {
     launched_.push_back(Launched{g.stream, g.id, g.seq});
   }
+  // The scope's holds are its own (ops inside the block must not take them).
+  for (auto& h : t.pending_holds) {
+    holds_.push_back(Hold{h.id, h.stream, std::move(h.storage)});
+  }
+  t.pending_holds.clear();
 }
 
 TrackScope::~TrackScope() {
@@ -1193,8 +1267,12 @@ TrackScope::~TrackScope() {
   for (const Launched& l : launched_) {
     groups.push_back(Group{l.stream.device(), l.stream, l.id, l.seq});
   }
+  Tls& t = tls;
+  for (Hold& h : holds_) {
+    t.pending_holds.push_back(Tls::PendingHold{h.id, h.stream, std::move(h.storage)});
+  }
   try {
-    finish(tls, groups, epoch_, nullptr, false);
+    finish(t, groups, epoch_, nullptr, false);
   } catch (const std::exception& e) {
     warn_once("at the end of tp.track", e);
   }
@@ -1212,9 +1290,8 @@ TaskHold::TaskHold(const std::vector<at::Tensor>& tensors, int worker_id) {
     return;
   }
   state_ = std::make_shared<State>(worker_id);
-  if (g_holds.fetch_add(1) == 0) {
-    update_live();
-  }
+  g_holds.fetch_add(1);
+  update_live();  // (every time: another thread's go_live may not have run yet)
   LiveState& st = *g_state;
   std::lock_guard<std::mutex> lock(st.mutex);
   for (const at::Tensor* t : held) {
@@ -1239,7 +1316,11 @@ void TaskHold::release() {
   }
   state_->cv.notify_all();
   if (g_holds.fetch_sub(1) == 1) {
-    update_live();
+    try {
+      update_live();
+    } catch (const std::exception& e) {  // (called from noexcept task paths)
+      warn_once("when the last task holding tensors ended", e);
+    }
   }
 }
 

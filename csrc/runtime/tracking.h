@@ -24,6 +24,7 @@
 #include "../core/dependency_tracker.h"
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Storage.h>
 #include <c10/core/Stream.h>
 
 #include <chrono>
@@ -104,10 +105,16 @@ class TrackScope {
     core::StreamId id;
     uint64_t seq;
   };
+  struct Hold {  // a storage of another stream used in the scope (allocator safety)
+    core::StreamId id;
+    c10::Stream stream;
+    c10::Storage storage;
+  };
 
  private:
   uint64_t epoch_ = 0;
   std::vector<Launched> launched_;
+  std::vector<Hold> holds_;  // held from the end of the scope, like an op's from its end
 };
 
 // The tensors of a submitted task (DESIGN.md §3): until release(), a write to their storages from

@@ -538,6 +538,20 @@ def test_the_tracker_orders_a_collective_between_its_producer_and_its_consumer()
         assert any("add" in op for op in later), sim.races()   # its consumer
 
 
+def test_collective_orders_itself_while_tracking_is_idle() -> None:
+    """With no non-default pipeline alive nothing is tracked: collective() itself makes the comm
+    stream wait for the stream it replaces, and that stream wait for it on exit."""
+    gc.collect()
+    assert not stats()["live"]
+    x = ones(3.0)                      # default stream
+    with tp.collective():
+        assert torch.accelerator.current_stream(0) == tp.comm_stream("sim:0", worker_thread=0)
+        fake_all_reduce_(x)            # comm stream (strict: raises without the entry wait)
+    y = x + 1                          # default stream (raises without the exit wait)
+    assert torch.equal(y.cpu(), torch.full((N,), 7.0))
+    assert sim.races() == []
+
+
 # ---- random programs (tests/python/_programs.py) -------------------------------------------------
 DEVICES = ("sim:0", "sim:1")
 
