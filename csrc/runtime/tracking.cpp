@@ -432,9 +432,6 @@ void poll_held_locked(LiveState& st, std::vector<c10::Storage>& released) {
 }
 
 // ---- what an op touches -------------------------------------------------------------------------
-struct Tls;
-void record_pending_holds(Tls& t);
-
 struct Access {
   const at::Tensor* tensor;
   bool write;
@@ -502,11 +499,7 @@ struct Tls {
   Position last;
   uint64_t last_epoch = 0;
   // Storages of other streams the op uses (allocator safety by holding), held from its end on.
-  struct PendingHold {
-    StreamId id;
-    c10::Stream stream;
-    c10::Storage storage;
-  };
+  using PendingHold = TrackScope::Hold;
   std::vector<PendingHold> pending_holds;
 };
 thread_local Tls tls;
@@ -715,9 +708,6 @@ void device_launch(Tls& t, const std::vector<Access>& accesses, bool async,
   }
 }
 
-// After the op: its fresh outputs get it as their (pending) definition, and its position becomes
-// the thread's last (a multi-device op records its events at once). `groups` gets the groups of
-// factory outputs appended.
 // The ops of `groups` have finished launching (StreamEntry::in_flight).
 void settle_locked(LiveState& st, const std::vector<Group>& groups) {
   for (const Group& g : groups) {
@@ -732,6 +722,9 @@ void settle_locked(LiveState& st, const std::vector<Group>& groups) {
   }
 }
 
+// After the op: its fresh outputs get it as their (pending) definition, its holds start, and its
+// position becomes the thread's last (a multi-device op records its events at once). `groups`
+// gets the groups of factory outputs appended.
 void finish(Tls& t, std::vector<Group>& groups, uint64_t epoch,
             const std::vector<at::Tensor>* fresh, bool async) {
   LiveState& st = *g_state;
@@ -1253,9 +1246,7 @@ TrackScope::TrackScope(const std::vector<at::Tensor>& reads, const std::vector<a
     launched_.push_back(Launched{g.stream, g.id, g.seq});
   }
   // The scope's holds are its own (ops inside the block must not take them).
-  for (auto& h : t.pending_holds) {
-    holds_.push_back(Hold{h.id, h.stream, std::move(h.storage)});
-  }
+  holds_ = std::move(t.pending_holds);
   t.pending_holds.clear();
 }
 
@@ -1268,9 +1259,7 @@ TrackScope::~TrackScope() {
     groups.push_back(Group{l.stream.device(), l.stream, l.id, l.seq});
   }
   Tls& t = tls;
-  for (Hold& h : holds_) {
-    t.pending_holds.push_back(Tls::PendingHold{h.id, h.stream, std::move(h.storage)});
-  }
+  t.pending_holds = std::move(holds_);
   try {
     finish(t, groups, epoch_, nullptr, false);
   } catch (const std::exception& e) {

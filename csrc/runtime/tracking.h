@@ -105,7 +105,7 @@ class TrackScope {
     core::StreamId id;
     uint64_t seq;
   };
-  struct Hold {  // a storage of another stream used in the scope (allocator safety)
+  struct Hold {  // a storage used off its allocation stream (allocator safety), held from the end
     core::StreamId id;
     c10::Stream stream;
     c10::Storage storage;
