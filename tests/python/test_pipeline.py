@@ -473,3 +473,5 @@ def test_oneflow_pipeline_is_an_alias() -> None:
     p = oneflow_pipeline.Pipeline()
     with oneflow_pipeline.pipeline(p):
         assert tp.current_pipeline() is p
+    assert oneflow_pipeline.track is tp.track and oneflow_pipeline.collective is tp.collective
+    assert oneflow_pipeline.distributed.thread_groups is tp.distributed.thread_groups
