@@ -130,6 +130,37 @@ if os.environ.get("TORCH_PIPELINE_DEBUG_COLLECTIVES") == "1":
     _C._set_collective_debug(True)
 
 
+def _hook_work_waits() -> None:
+    """After ``Work.wait()`` (also ``synchronize``, ``block_current_stream``) of an async
+    collective, tell automatic synchronization that its outputs are ready on the current streams
+    (its kernels may have run on a stream of the process group's own). Covers ``Work`` and the
+    subclasses torch registers with waits of their own."""
+    c10d = getattr(torch._C, "_distributed_c10d", None)
+    work_class = getattr(c10d, "Work", None)
+    if work_class is None:
+        return
+    classes = [work_class] + [c for c in vars(c10d).values()
+                              if isinstance(c, type) and c is not work_class
+                              and issubclass(c, work_class)]
+    for cls in classes:
+        for name in ("wait", "synchronize", "block_current_stream"):
+            original = cls.__dict__.get(name)
+            if original is None or getattr(original, "_torch_pipeline_hook", False):
+                continue
+
+            def hooked(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+                result = _original(self, *args, **kwargs)
+                _C._work_waited(self)
+                return result
+
+            functools.update_wrapper(hooked, original)
+            hooked._torch_pipeline_hook = True  # type: ignore[attr-defined]
+            setattr(cls, name, hooked)
+
+
+_hook_work_waits()
+
+
 class collective:
     """Makes this thread's communication streams current: one per (worker thread, device), shared by
     every pipeline of that worker thread, never one of their compute streams. Collectives issued

@@ -7,11 +7,14 @@
 #include "../runtime/comm.h"
 #include "../runtime/context.h"
 #include "../runtime/devices.h"
+#include "../runtime/op_facts.h"
 #include "../runtime/event.h"
 #include "../runtime/runtime.h"
 #include "../runtime/tracking.h"
 #include "../runtime/streams.h"
 
+#include <torch/csrc/jit/api/object.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <optional>
@@ -437,6 +440,17 @@ makes another pipeline's stream on each of those devices wait for it.
         "Test switch: False stops automatic synchronization (tests use it to show the races it "
         "removes). Not for production code.");
   m.def("_tracking_enabled", &tracking::enabled);
+  m.def("_work_waited", [](py::handle work) {
+    // After Work.wait() / synchronize() / block_current_stream() (hooked by torch_pipeline).
+    if (!tracking::live()) {
+      return;
+    }
+    const py::object boxed = work.attr("boxed")();  // the Work as a torchbind object
+    const c10::IValue v(py::cast<torch::jit::Object>(boxed)._ivalue());
+    const void* target = torchbind_target(v);
+    py::gil_scoped_release no_gil;
+    tracking::work_waited(target);
+  }, py::arg("work"));
   m.def("_set_allocator_safety", [](const std::string& mode) {
     TORCH_CHECK_VALUE(mode == "hold" || mode == "record_stream",
                       "allocator safety must be 'hold' or 'record_stream', got '", mode, "'");

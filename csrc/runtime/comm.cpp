@@ -3,6 +3,7 @@
 #include "../core/worker_pool.h"
 #include "context.h"
 #include "devices.h"
+#include "op_facts.h"
 #include "runtime.h"
 #include "tracking.h"
 
@@ -96,25 +97,13 @@ std::string describe(const Issuer& i) {
   return os.str();
 }
 
-// The process group an op argument stands for: a torchbind object holding it.
-const void* process_group_of(const c10::IValue& v) {
-  if (!v.isObject()) {
-    return nullptr;
-  }
-  const auto& obj = v.toObjectRef();
-  if (obj.slots().size() == 1 && obj.getSlot(0).isCapsule()) {
-    return obj.getSlot(0).toCapsule().get();
-  }
-  return nullptr;
-}
-
 std::unique_ptr<at::ObserverContext> on_c10d_op(const at::RecordFunction& fn) {
   if (std::strncmp(fn.name(), "c10d::", 6) != 0) {
     return nullptr;
   }
   const void* pg = nullptr;
   for (const c10::IValue& v : fn.inputs()) {
-    if ((pg = process_group_of(v)) != nullptr) {
+    if ((pg = torchbind_target(v)) != nullptr) {  // the ProcessGroup argument
       break;
     }
   }

@@ -36,6 +36,25 @@ OpFacts compute(const c10::FunctionSchema& s) {
       f.non_blocking = static_cast<int>(i);
     }
   }
+  if (f.name.compare(0, 6, "c10d::") == 0 && !any_write) {
+    // Collectives carry no alias annotations, but write their outputs ("output", "outputs",
+    // "output_tensors", ...), or, for in-place ones without outputs (allreduce_, broadcast_,
+    // recv_, ...), their "tensors".
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (args[i].name().compare(0, 6, "output") == 0) {
+        f.write[i] = 1;
+        any_write = true;
+      }
+    }
+    if (!any_write && !f.name.empty() && f.name.back() == '_') {
+      for (size_t i = 0; i < args.size(); ++i) {
+        if (args[i].name() == "tensors") {
+          f.write[i] = 1;
+          any_write = true;
+        }
+      }
+    }
+  }
   bool all_views = !s.returns().empty();
   for (const auto& ret : s.returns()) {
     const auto* ai = ret.alias_info();
@@ -99,6 +118,17 @@ bool alias_is_write(const c10::AliasInfo* ai) {
     }
   }
   return false;
+}
+
+const void* torchbind_target(const c10::IValue& v) {
+  if (!v.isObject()) {
+    return nullptr;
+  }
+  const auto& obj = v.toObjectRef();
+  if (obj.slots().size() == 1 && obj.getSlot(0).isCapsule()) {
+    return obj.getSlot(0).toCapsule().get();
+  }
+  return nullptr;
 }
 
 const OpFacts& op_facts(const at::RecordFunction& fn) {

@@ -14,7 +14,8 @@ namespace torch_pipeline {
 struct OpFacts {
   std::string name;            // schema name, "aten::add"
   std::string overload;        // "Tensor"
-  std::vector<uint8_t> write;  // per argument: the schema marks it written (in-place, out=)
+  std::vector<uint8_t> write;  // per argument: the schema marks it written (in-place, out=); for
+                               // c10d collectives (unannotated) their outputs or, in place, tensors
   // Views and metadata queries: no data access of their own. The observer looks through them to
   // the ops they call (x.to(dtype) is aten::to, a view op, around aten::_to_copy).
   bool transparent = false;
@@ -25,6 +26,10 @@ struct OpFacts {
 // Whether an argument with this alias annotation is written by the op (Tensor(a!), or a list of
 // such). Shared with the sim device's kernels.
 bool alias_is_write(const c10::AliasInfo* ai);
+
+// The object a torchbind value holds (a c10d Work, a ProcessGroup), which identifies it across
+// calls (the IValue wrapping it is made anew each time); nullptr for other values.
+const void* torchbind_target(const c10::IValue& v);
 
 // The facts of the op `fn` stands for. Thread-safe; a hit costs a thread-local hash lookup.
 const OpFacts& op_facts(const at::RecordFunction& fn);

@@ -170,6 +170,8 @@ struct LiveState {
   std::deque<Young> young;
   size_t inserted_since_sweep = 0;
   size_t held = 0;                 // storages held for allocator safety, all streams
+  // Async collectives not waited for yet: their Work and the device tensors they write.
+  std::deque<std::pair<const void*, std::vector<at::Tensor>>> async_works;
   size_t launches_since_poll = 0;
   // Go-live baseline: the streams current then; each stream seen for the first time waits once
   // for the baseline event of its device.
@@ -486,6 +488,7 @@ struct Tls {
   uint64_t epoch = 0;
   bool async = false;  // a non_blocking copy: its CPU storages are accessed on the stream
   bool host_only = false;  // the op has nothing on a device and nothing watched: no end work
+  bool c10d = false;       // a c10d op (a collective): it may return a Work
   std::vector<Group> groups;
   std::vector<const c10::StorageImpl*> inputs;
   std::vector<Access> accesses;
@@ -841,6 +844,7 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, Tls& t) {
   t.list_items.clear();
   t.async = false;
   t.epoch = 0;
+  t.c10d = facts.name.compare(0, 6, "c10d::") == 0;
   const auto inputs = fn.inputs();
   // The common case of CPU code: nothing on a device, no watched host memory, no held tensors.
   t.host_only = g_host_watch.load(std::memory_order_acquire) == 0 &&
@@ -901,6 +905,48 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, Tls& t) {
   }
 }
 
+constexpr size_t kAsyncWorksKept = 1024;
+
+// A c10d op returned a Work: remember the device tensors it writes until the work is waited for.
+void note_async_collective(const at::RecordFunction& fn, const Tls& t) {
+  const void* work = nullptr;
+  for (const c10::IValue& v : fn.outputs()) {
+    if ((work = torchbind_target(v)) != nullptr) {
+      break;
+    }
+    if (v.isTuple()) {
+      for (const c10::IValue& x : v.toTupleRef().elements()) {
+        if ((work = torchbind_target(x)) != nullptr) {
+          break;
+        }
+      }
+    }
+    if (work != nullptr) {
+      break;
+    }
+  }
+  if (work == nullptr) {
+    return;
+  }
+  std::vector<at::Tensor> written;
+  for (const Access& a : t.accesses) {
+    if (a.write && !a.tensor->device().is_cpu()) {
+      written.push_back(*a.tensor);
+    }
+  }
+  if (written.empty()) {
+    return;
+  }
+  std::vector<at::Tensor> dropped;  // released after the lock
+  LiveState& st = *g_state;
+  std::lock_guard<std::mutex> lock(st.mutex);
+  if (st.async_works.size() >= kAsyncWorksKept) {
+    dropped = std::move(st.async_works.front().second);  // never waited for: forgotten
+    st.async_works.pop_front();
+  }
+  st.async_works.emplace_back(work, std::move(written));
+}
+
 void end_op(const at::RecordFunction& fn, Tls& t) {
   auto& fresh = t.fresh;
   fresh.clear();
@@ -932,6 +978,9 @@ void end_op(const at::RecordFunction& fn, Tls& t) {
         }
       }
     }
+  }
+  if (t.c10d) {
+    note_async_collective(fn, t);
   }
   if (t.groups.empty() && fresh.empty()) {
     return;
@@ -1001,6 +1050,7 @@ void reset_locked(LiveState& st) {
   st.storages.clear();
   st.young.clear();
   st.held = 0;
+  st.async_works.clear();
   st.baseline.clear();
   st.inserted_since_sweep = 0;
   g_host_watch.store(0, std::memory_order_relaxed);
@@ -1191,6 +1241,27 @@ Stats stats() {
   s.held = st.held;
   s.streams = st.streams.size();
   return s;
+}
+
+void work_waited(const void* work) {
+  if (!live() || work == nullptr) {
+    return;
+  }
+  std::vector<at::Tensor> written;
+  {
+    LiveState& st = *g_state;
+    std::lock_guard<std::mutex> lock(st.mutex);
+    auto& works = st.async_works;
+    auto it = std::find_if(works.begin(), works.end(),
+                           [&](const auto& w) { return w.first == work; });
+    if (it == works.end()) {
+      return;
+    }
+    written = std::move(it->second);
+    works.erase(it);
+  }
+  // The current streams have waited for the work: its tensors are written there, now.
+  TrackScope scope({}, written);
 }
 
 void set_allocator_safety(AllocatorSafety safety) {

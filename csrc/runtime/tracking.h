@@ -62,6 +62,13 @@ enum class AllocatorSafety { kHold, kRecordStream };
 void set_allocator_safety(AllocatorSafety safety);
 AllocatorSafety allocator_safety();
 
+// Asynchronous collectives (c10d ops that return a Work, async_op=True): their kernels may run on
+// a stream of the process group's own, which the op does not show. The tracker remembers the
+// device tensors each one writes, by its Work; when work.wait() has made the current streams wait
+// for it (the Python layer hooks Work.wait), work_waited() records those tensors as written there,
+// so later readers on any stream wait for the right point. Unknown works are ignored.
+void work_waited(const void* work);
+
 // Lets go of held storages whose uses are complete (also done every few device launches). The
 // Python layer calls it after the host synchronized.
 void poll();

@@ -18,8 +18,9 @@ import torch_pipeline.distributed as tpd
 
 
 def two_worker_threads(rank: int, world: int) -> Dict[str, Any]:
-    """Tasks on worker threads 1 and 2 all-reduce, each on its own thread group, 120 iterations,
-    while the main thread computes. Every result is checked exactly."""
+    """Tasks on worker threads 1 and 2 all-reduce, each on its own thread group, 120 iterations
+    (worker thread 2 every other time with async_op=True and work.wait()), while the main thread
+    computes. Every result is checked exactly."""
     groups = tpd.thread_groups()
     names = [g.group_name for g in groups]
     members = [dist.get_process_group_ranks(g) for g in groups]
@@ -35,6 +36,12 @@ def two_worker_threads(rank: int, world: int) -> Dict[str, Any]:
             dist.all_reduce(t, group=groups.current())
         return t
 
+    def reduce_async(t: torch.Tensor) -> torch.Tensor:
+        with tp.collective():
+            work = dist.all_reduce(t, group=groups.current(), async_op=True)
+        work.wait()  # (hooked: tells automatic synchronization the result is ready here)
+        return t
+
     iterations = 120
     wrong = 0
     main_work = torch.randn(64, 64)
@@ -42,7 +49,7 @@ def two_worker_threads(rank: int, world: int) -> Dict[str, Any]:
         a = torch.full((1000,), float(rank + i))        # sum over ranks: world * i + sum(ranks)
         b = torch.arange(1000, dtype=torch.float64) * (rank + 1)
         fa = p1.submit(reduce, a)
-        fb = p2.submit(reduce, b)
+        fb = p2.submit(reduce_async if i % 2 else reduce, b)
         for _ in range(3):
             main_work = torch.tanh(main_work @ main_work)  # the main thread computes meanwhile
         ra, rb = fa.wait(), fb.wait()

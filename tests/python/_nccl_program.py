@@ -1,9 +1,11 @@
 """What test_comm_gpu.py runs in a process of its own: NCCL with world size 1.
 
-    python tests/python/_nccl_program.py [untracked]
+    python tests/python/_nccl_program.py [untracked] [async]
 
 Prints one JSON line: whether the collective ran with the comm stream current and the values the
-consumer saw. With "untracked" automatic synchronization is switched off (the test-only switch).
+consumer saw. With "untracked" automatic synchronization is switched off (the test-only switch);
+with "async" the collective is issued with async_op=True (on the process group's own stream) and
+waited for on another pipeline.
 """
 from __future__ import annotations
 
@@ -19,8 +21,10 @@ import torch_pipeline as tp
 
 
 def main() -> None:
-    if sys.argv[1:] == ["untracked"]:
+    if "untracked" in sys.argv[1:]:
         tp._C._set_tracking_enabled(False)
+    use_async = "async" in sys.argv[1:]
+    waiter = tp.Pipeline()
     store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 1)
     dist.init_process_group("nccl", store=store, rank=0, world_size=1,
                             device_id=torch.device("cuda", 0))
@@ -43,7 +47,10 @@ def main() -> None:
             x.fill_(float(i + 1))                       # the producer, late
         with tp.collective():
             ok_streams &= torch.cuda.current_stream() == tp.comm_stream()
-            dist.all_gather_into_tensor(out, x)         # async_op=False: on the comm stream
+            work = dist.all_gather_into_tensor(out, x, async_op=use_async)  # sync: comm stream
+        if use_async:
+            with tp.pipeline(waiter):
+                work.wait()                             # the waiter's stream waits for it
         values.append((out * 2).sum().item() / (2 * (1 << 20)))  # the consumer
     dist.destroy_process_group()
     print(json.dumps({"comm_stream_current": bool(ok_streams), "values": values,

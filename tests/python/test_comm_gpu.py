@@ -47,6 +47,11 @@ def test_without_tracking_the_collective_reads_too_early() -> None:
     assert r["values"] != [1.0, 2.0, 3.0, 4.0, 5.0], "no race window: the test proves nothing"
 
 
+def test_async_collectives_waited_on_another_pipeline_are_ordered() -> None:
+    r = run("async")
+    assert r["values"] == [1.0, 2.0, 3.0, 4.0, 5.0]
+
+
 def test_the_cuda_sanitizer_reports_nothing() -> None:
     r = run(sanitize=True)
     assert r["values"] == [1.0, 2.0, 3.0, 4.0, 5.0]

@@ -88,6 +88,15 @@ def test_thread_groups_needs_an_initialized_process_group() -> None:
         tpd.thread_groups()
 
 
+def test_work_waits_are_hooked() -> None:
+    """Work.wait / synchronize / block_current_stream tell automatic synchronization that an
+    async collective's outputs are ready (torch_pipeline wraps them at import)."""
+    work = torch._C._distributed_c10d.Work
+    for name in ("wait", "synchronize", "block_current_stream"):
+        if hasattr(work, name):
+            assert getattr(getattr(work, name), "_torch_pipeline_hook", False), name
+
+
 def test_tp_distributed_is_the_module() -> None:
     import torch_pipeline.distributed as tpd
 

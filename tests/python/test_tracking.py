@@ -552,6 +552,54 @@ def test_collective_orders_itself_while_tracking_is_idle() -> None:
     assert sim.races() == []
 
 
+def fake_process_group() -> None:
+    """torch.distributed on sim tensors: PyTorch's fake backend (collectives that touch no data
+    and return completed works), world size 2. Its c10d ops are observed like real ones."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if not dist.is_initialized():
+        dist.init_process_group("cpu:fake,sim:fake", store=FakeStore(), rank=0, world_size=2)
+
+
+def test_collectives_write_their_tensors(exact_waits: None) -> None:
+    """c10d schemas carry no alias annotations: the tracker knows that all_reduce writes its
+    tensor, so the collective waits for an earlier reader on another stream (write after read)."""
+    import torch.distributed as dist
+
+    fake_process_group()
+    reader = tp.Pipeline()
+    x = ones(3.0)
+    with tp.collective():
+        x + 0                           # (the comm stream's first use and x's writer: waited)
+    with tp.pipeline(reader):
+        y = x * 2                       # reads x on the reader's stream
+    before = stats()["waits"]
+    with tp.collective():
+        dist.all_reduce(x)              # writes x on the comm stream: waits for the reader
+    assert stats()["waits"] == before + 1
+    assert torch.equal(y.cpu(), torch.full((N,), 6.0))
+
+
+def test_an_async_collective_is_ready_where_it_was_waited_for() -> None:
+    """async_op=True: the outputs count as written where work.wait() ran (torch_pipeline hooks
+    Work.wait), so later readers wait for that point, not for the issuing stream alone."""
+    import torch.distributed as dist
+
+    fake_process_group()
+    p, q = tp.Pipeline(), tp.Pipeline()
+    with tp.pipeline(p):
+        x = ones(3.0)
+    with tp.collective():
+        work = dist.all_reduce(x, async_op=True)
+    before = stats()["launches"]
+    with tp.pipeline(q):
+        work.wait()                     # q's stream waits for the collective
+    assert stats()["launches"] == before + 1   # x is now written at q's position
+    assert torch.equal((x + 1).cpu(), torch.full((N,), 4.0))
+    assert sim.races() == []
+
+
 # ---- random programs (tests/python/_programs.py) -------------------------------------------------
 DEVICES = ("sim:0", "sim:1")
 
