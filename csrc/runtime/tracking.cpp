@@ -1110,6 +1110,19 @@ void barrier_locked(LiveState& st) {
   }
 }
 
+// Held storages, whose uses may still run, go to the allocator's record_stream instead; they are
+// moved to `released`, to be dropped after the lock.
+void hand_held_to_allocator_locked(LiveState& st, std::vector<c10::Storage>& released) {
+  for (auto& [stream, entry] : st.streams) {
+    for (auto& [seq, storage] : entry->held) {
+      guard_impl(stream.device_type())->recordDataPtrOnStream(storage.data_ptr(), stream);
+      released.push_back(std::move(storage));
+    }
+    entry->held.clear();
+  }
+  st.held = 0;
+}
+
 void go_idle() {
   g_live.store(false, std::memory_order_release);
   LiveState& st = *g_state;
@@ -1140,15 +1153,7 @@ void go_idle() {
         host_pending.back()->record(it->second->stream);
       }
     }
-    // Held storages: their uses may still run; hand them to the allocator's record_stream.
-    for (auto& [stream, entry] : st.streams) {
-      for (auto& [seq, storage] : entry->held) {
-        guard_impl(stream.device_type())->recordDataPtrOnStream(storage.data_ptr(), stream);
-        released.push_back(std::move(storage));
-      }
-      entry->held.clear();
-    }
-    st.held = 0;
+    hand_held_to_allocator_locked(st, released);
   }
   for (const auto& ev : host_pending) {
     ev->synchronize();
@@ -1161,12 +1166,7 @@ void go_idle() {
     // Again, for what other threads launched while the callback was still installed.
     std::lock_guard<std::mutex> lock(st.mutex);
     barrier_locked(st);
-    for (auto& [stream, entry] : st.streams) {
-      for (auto& [seq, storage] : entry->held) {
-        guard_impl(stream.device_type())->recordDataPtrOnStream(storage.data_ptr(), stream);
-        released.push_back(std::move(storage));
-      }
-    }
+    hand_held_to_allocator_locked(st, released);
     reset_locked(st);
   }
   released.clear();  // after the lock: may free memory
