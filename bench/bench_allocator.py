@@ -101,7 +101,7 @@ def peaks_mib(device: str, fn: Callable[[], None]) -> Tuple[float, float]:
 
 
 WORKLOADS = {"join": join, "deep queue": deep_queue}
-WAYS = ("hold", "record_stream")
+WAYS = ("keep_alive", "record_stream")
 
 
 def one(kind: str, workload: str, way: str, steps: int, mib: int, queue_ms: float) -> Tuple[float, float]:
@@ -149,7 +149,7 @@ def main(argv: List[str]) -> int:
             print(f"  {workload:<11} {way:<14} peak reserved {reserved:8.1f} MiB, "
                   f"allocated {allocated:8.1f} MiB")
     for workload in rows:
-        ratio = rows[workload]["record_stream"][1] / rows[workload]["hold"][1]
+        ratio = rows[workload]["record_stream"][1] / rows[workload]["keep_alive"][1]
         print(f"{workload}: record_stream reserves {ratio:.2f}x the memory of hold (peak)")
     if kind == "sim":
         print("(sim: no device lag, so this compares only when memory is looked at again; the "

@@ -452,14 +452,14 @@ makes another pipeline's stream on each of those devices wait for it.
     tracking::work_waited(target);
   }, py::arg("work"));
   m.def("_set_allocator_safety", [](const std::string& mode) {
-    TORCH_CHECK_VALUE(mode == "hold" || mode == "record_stream",
-                      "allocator safety must be 'hold' or 'record_stream', got '", mode, "'");
-    tracking::set_allocator_safety(mode == "hold" ? tracking::AllocatorSafety::kHold
+    TORCH_CHECK_VALUE(mode == "keep_alive" || mode == "record_stream",
+                      "allocator safety must be 'keep_alive' or 'record_stream', got '", mode, "'");
+    tracking::set_allocator_safety(mode == "keep_alive" ? tracking::AllocatorSafety::kKeepAlive
                                                   : tracking::AllocatorSafety::kRecordStream);
   }, py::arg("mode"), "Chooses how memory used off its allocation stream is kept from reuse "
      "(bench/bench_allocator.py compares the two).");
   m.def("_allocator_safety", [] {
-    return tracking::allocator_safety() == tracking::AllocatorSafety::kHold ? "hold"
+    return tracking::allocator_safety() == tracking::AllocatorSafety::kKeepAlive ? "keep_alive"
                                                                              : "record_stream";
   });
   m.def("_tracking_stats", [] {
@@ -472,10 +472,10 @@ makes another pipeline's stream on each of those devices wait for it.
     d["events"] = s.events;
     d["host_waits"] = s.host_waits;
     d["record_streams"] = s.record_streams;
-    d["hold_waits"] = s.hold_waits;
-    d["holds"] = s.holds;
+    d["pin_waits"] = s.pin_waits;
+    d["keep_alives"] = s.keep_alives;
     d["released"] = s.released;
-    d["held"] = s.held;
+    d["kept_alive"] = s.kept_alive;
     d["storages"] = s.storages;
     d["streams"] = s.streams;
     return d;

@@ -30,7 +30,7 @@ class PyTask final : public core::Task {
   PyTask(
       core::WorkerThread* worker, PipelinePtr pipeline, py::object fn, py::tuple args,
       py::dict kwargs, py::object future, std::shared_ptr<TaskSync> sync,
-      std::unique_ptr<tracking::TaskHold> hold)
+      std::unique_ptr<tracking::TaskPins> hold)
       : worker_(worker),
         pipeline_(std::move(pipeline)),
         fn_(fn.release().ptr()),
@@ -160,7 +160,7 @@ class PyTask final : public core::Task {
   PyObject* kwargs_;
   PyObject* future_;
   std::shared_ptr<TaskSync> sync_;
-  std::unique_ptr<tracking::TaskHold> hold_;
+  std::unique_ptr<tracking::TaskPins> hold_;
 };
 
 // Wait step for the tasks of `w` up to `seq`.
@@ -232,7 +232,7 @@ py::object submit(const PipelinePtr& p, py::object fn, py::tuple args, py::kwarg
   std::vector<at::Tensor> tensors;
   collect_tensors(args, tensors, 3);
   collect_tensors(kwargs, tensors, 3);
-  auto hold = std::make_unique<tracking::TaskHold>(tensors, p->worker_id());
+  auto hold = std::make_unique<tracking::TaskPins>(tensors, p->worker_id());
 
   auto task = std::make_unique<PyTask>(
       &worker, p, std::move(fn), std::move(args), std::move(kwargs), future, sync, std::move(hold));

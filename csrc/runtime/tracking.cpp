@@ -28,7 +28,7 @@
 namespace torch_pipeline {
 namespace tracking {
 
-struct TaskHold::State {
+struct TaskPins::State {
   explicit State(int worker) : worker_id(worker) {}
   const int worker_id;
   std::mutex mutex;
@@ -41,7 +41,7 @@ namespace {
 using core::Position;
 using core::StorageId;
 using core::StreamId;
-using HoldPtr = std::shared_ptr<TaskHold::State>;
+using HoldPtr = std::shared_ptr<TaskPins::State>;
 
 // The host timelines (CPU ops on watched memory): one per thread, ids -1, -2, ... A thread's host
 // position is complete when its op returns; another thread's is not known to be.
@@ -59,7 +59,7 @@ constexpr size_t kEventsKept = 64;    // recorded events kept per stream, by pos
 std::atomic<bool> g_live{false};
 std::atomic<bool> g_enabled{true};
 std::atomic<int64_t> g_pipelines{0};
-std::atomic<int64_t> g_holds{0};       // live TaskHolds with tensors
+std::atomic<int64_t> g_holds{0};       // live TaskPinss with tensors
 std::atomic<int64_t> g_host_watch{0};  // CPU storages an async copy touched, not yet swept
 
 struct Counters {
@@ -70,15 +70,15 @@ Counters g_counters;
 
 AllocatorSafety safety_from_env() {
   const char* text = std::getenv("TORCH_PIPELINE_ALLOCATOR_SAFETY");
-  if (text == nullptr || *text == '\0' || std::string(text) == "hold") {
-    return AllocatorSafety::kHold;
+  if (text == nullptr || *text == '\0' || std::string(text) == "keep_alive" || std::string(text) == "hold") {
+    return AllocatorSafety::kKeepAlive;
   }
   if (std::string(text) == "record_stream") {
     return AllocatorSafety::kRecordStream;
   }
   std::cerr << "torch_pipeline: TORCH_PIPELINE_ALLOCATOR_SAFETY='" << text
-            << "' is not 'hold' or 'record_stream'; using 'hold'" << std::endl;
-  return AllocatorSafety::kHold;
+            << "' is not 'keep_alive' or 'record_stream'; using 'keep_alive'" << std::endl;
+  return AllocatorSafety::kKeepAlive;
 }
 std::atomic<AllocatorSafety> g_safety{safety_from_env()};
 
@@ -650,7 +650,7 @@ void device_launch(Tls& t, const std::vector<Access>& accesses, bool async,
       devices.push_back(d);
     }
   }
-  const bool hold = g_safety.load(std::memory_order_relaxed) == AllocatorSafety::kHold;
+  const bool hold = g_safety.load(std::memory_order_relaxed) == AllocatorSafety::kKeepAlive;
   std::vector<c10::Storage> released;  // dropped after the lock (declared before it)
   std::lock_guard<std::mutex> lock(st.mutex);
   epoch = st.epoch;
@@ -1232,13 +1232,13 @@ Stats stats() {
   s.events = g_counters.events.load();
   s.host_waits = g_counters.host_waits.load();
   s.record_streams = g_counters.record_streams.load();
-  s.hold_waits = g_counters.hold_waits.load();
-  s.holds = g_counters.holds.load();
+  s.pin_waits = g_counters.hold_waits.load();
+  s.keep_alives = g_counters.holds.load();
   s.released = g_counters.released.load();
   LiveState& st = *g_state;
   std::lock_guard<std::mutex> lock(st.mutex);
   s.storages = st.tracker->num_storages();
-  s.held = st.held;
+  s.kept_alive = st.held;
   s.streams = st.streams.size();
   return s;
 }
@@ -1338,8 +1338,8 @@ TrackScope::~TrackScope() {
   }
 }
 
-// ---- TaskHold ---------------------------------------------------------------------------------------
-TaskHold::TaskHold(const std::vector<at::Tensor>& tensors, int worker_id) {
+// ---- TaskPins ---------------------------------------------------------------------------------------
+TaskPins::TaskPins(const std::vector<at::Tensor>& tensors, int worker_id) {
   std::vector<const at::Tensor*> held;
   for (const at::Tensor& t : tensors) {
     if (has_data(t)) {
@@ -1359,11 +1359,11 @@ TaskHold::TaskHold(const std::vector<at::Tensor>& tensors, int worker_id) {
   }
 }
 
-TaskHold::~TaskHold() {
+TaskPins::~TaskPins() {
   release();
 }
 
-void TaskHold::release() {
+void TaskPins::release() {
   if (!state_) {
     return;
   }

@@ -50,7 +50,7 @@ bool enabled();
 
 // Allocator safety (DESIGN.md §4): a storage used on a stream other than its allocation stream is
 // kept from reuse until that use completes, either by holding a reference until an event after the
-// use has completed (kHold, the default; polled every few device launches and after synchronize:
+// use has completed (kKeepAlive, the default; polled every few device launches and after synchronize:
 // the memory returns once the use is done, however deep the using stream's queue is, as
 // ProcessGroupNCCL's tensor stashing does) or by the caching allocator's record_stream
 // (kRecordStream: when the storage is freed the allocator records an event on the using stream
@@ -58,7 +58,7 @@ bool enabled();
 // compares them; README.md says why holding is the default. Storages whose allocation stream is
 // unknown (made before tracking went live, or outside any op) always use record_stream.
 // TORCH_PIPELINE_ALLOCATOR_SAFETY=hold|record_stream sets the initial mode.
-enum class AllocatorSafety { kHold, kRecordStream };
+enum class AllocatorSafety { kKeepAlive, kRecordStream };
 void set_allocator_safety(AllocatorSafety safety);
 AllocatorSafety allocator_safety();
 
@@ -81,10 +81,10 @@ struct Stats {
   uint64_t events = 0;          // events recorded at positions
   uint64_t host_waits = 0;      // host synchronizations before CPU ops on watched memory
   uint64_t record_streams = 0;  // allocator record_stream calls
-  uint64_t hold_waits = 0;      // writes that waited for a task holding their tensor
-  uint64_t holds = 0;           // storages held for allocator safety (uses off their stream)
+  uint64_t pin_waits = 0;       // writes that waited for a task that pins their tensor
+  uint64_t keep_alives = 0;     // storages kept alive for allocator safety (uses off their stream)
   uint64_t released = 0;        // of those, let go after their use completed
-  uint64_t held = 0;            // held now
+  uint64_t kept_alive = 0;      // kept alive now
   uint64_t storages = 0;        // storages with tracked state now
   uint64_t streams = 0;         // streams known in the current live period
 };
@@ -126,12 +126,12 @@ class TrackScope {
 
 // The tensors of a submitted task (DESIGN.md §3): until release(), a write to their storages from
 // a thread other than the task's worker thread waits for release(). Keeps tracking live.
-class TaskHold {
+class TaskPins {
  public:
-  TaskHold(const std::vector<at::Tensor>& tensors, int worker_id);
-  ~TaskHold();
-  TaskHold(const TaskHold&) = delete;
-  TaskHold& operator=(const TaskHold&) = delete;
+  TaskPins(const std::vector<at::Tensor>& tensors, int worker_id);
+  ~TaskPins();
+  TaskPins(const TaskPins&) = delete;
+  TaskPins& operator=(const TaskPins&) = delete;
   // The task no longer needs its tensors (it finished, or it was cancelled). Idempotent.
   void release();
 

@@ -89,7 +89,7 @@ def exact_waits() -> Iterator[None]:
     the tracker that work completed (holding does, and a completed producer needs no wait)."""
     _C._set_allocator_safety("record_stream")
     yield
-    _C._set_allocator_safety("hold")
+    _C._set_allocator_safety("keep_alive")
 
 
 def race_ops(races: List[object]) -> List[Tuple[str, str]]:
@@ -353,7 +353,7 @@ def free_after_cross_stream_use(p: "tp.Pipeline") -> None:
     del y, z
 
 
-@pytest.mark.parametrize("mode", ["hold", "record_stream"])
+@pytest.mark.parametrize("mode", ["keep_alive", "record_stream"])
 def test_memory_freed_after_a_cross_stream_use_is_not_reused_early(mode: str) -> None:
     _C._set_allocator_safety(mode)
     try:
@@ -361,27 +361,27 @@ def test_memory_freed_after_a_cross_stream_use_is_not_reused_early(mode: str) ->
         before = stats()
         free_after_cross_stream_use(p)
         after = stats()
-        if mode == "hold":
-            assert after["holds"] > before["holds"] and after["record_streams"] == before["record_streams"]
+        if mode == "keep_alive":
+            assert after["keep_alives"] > before["keep_alives"] and after["record_streams"] == before["record_streams"]
         else:
-            assert after["record_streams"] > before["record_streams"] and after["holds"] == before["holds"]
+            assert after["record_streams"] > before["record_streams"] and after["keep_alives"] == before["keep_alives"]
         assert sim.races() == []
         with untracked():
             free_after_cross_stream_use(p)
             assert sim.races(), "reuse of a block still read on another stream went unreported"
     finally:
-        _C._set_allocator_safety("hold")
+        _C._set_allocator_safety("keep_alive")
 
 
 @pytest.fixture
 def holding() -> Iterator[None]:
-    assert _C._allocator_safety() == "hold"  # the default
+    assert _C._allocator_safety() == "keep_alive"  # the default
     yield
 
 
 def test_holding_is_the_default() -> None:
-    assert _C._allocator_safety() == "hold"
-    with pytest.raises(ValueError, match="'hold' or 'record_stream'"):
+    assert _C._allocator_safety() == "keep_alive"
+    with pytest.raises(ValueError, match="'keep_alive' or 'record_stream'"):
         _C._set_allocator_safety("sometimes")
 
 
@@ -393,10 +393,10 @@ def test_held_memory_returns_once_the_use_is_complete(holding: None) -> None:
     with tp.pipeline(p):
         y = x * 2              # x (made on the default stream) used on p's stream: held
     del x
-    assert stats()["held"] >= 1
+    assert stats()["kept_alive"] >= 1
     assert torch.accelerator.memory_allocated(0) == base + 2 * N * 4   # x is still held
     tp.synchronize()           # the use is complete: x's memory goes back
-    assert stats()["held"] == 0
+    assert stats()["kept_alive"] == 0
     assert torch.accelerator.memory_allocated(0) == base + N * 4
     del y
 
@@ -411,7 +411,7 @@ def test_held_memory_returns_during_later_work(holding: None) -> None:
     z = y
     for _ in range(40):        # later ops poll the held storages (the use is complete on sim
         z = z + 1              # once the host asks)
-    assert stats()["released"] > released and stats()["held"] == 0
+    assert stats()["released"] > released and stats()["kept_alive"] == 0
 
 
 # ---- tp.track -------------------------------------------------------------------------------------
@@ -459,9 +459,9 @@ def submitted_then_overwritten(p: "tp.Pipeline") -> float:
 
 def test_a_later_write_by_the_submitter_waits_for_the_task() -> None:
     p = tp.Pipeline(tp.get_worker_thread(1))
-    before = stats()["hold_waits"]
+    before = stats()["pin_waits"]
     assert submitted_then_overwritten(p) == float(N)
-    assert stats()["hold_waits"] == before + 1
+    assert stats()["pin_waits"] == before + 1
     assert sim.races() == []
     with untracked():
         assert submitted_then_overwritten(p) == 100.0 * N   # without the hold, the task sees it
@@ -611,7 +611,7 @@ def test_random_programs_match_the_default_pipeline_without_races() -> None:
     assert check_programs(300, DEVICES) == 300   # strict: a race raises
     assert sim.races() == []                      # (host-side races are recorded, not raised)
     tp.synchronize()
-    assert stats()["held"] == 0                   # memory held for uses went back
+    assert stats()["kept_alive"] == 0                   # memory held for uses went back
     del keep_live
 
 
@@ -624,7 +624,7 @@ def test_random_programs_with_record_stream() -> None:
         assert sim.races() == []
         del keep_live
     finally:
-        _C._set_allocator_safety("hold")
+        _C._set_allocator_safety("keep_alive")
 
 
 def test_random_programs_race_without_tracking() -> None:
