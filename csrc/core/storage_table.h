@@ -1,0 +1,222 @@
+// Plain C++17 (no torch includes). Holds the tracker's per-storage table of one live period: an
+// entry per storage with tracked state (keyed by address, kept unique by a weak reference), the
+// ring of young storages (fresh outputs that have no entry yet: most die young and never cost
+// one), their promotion to entries, and the amortised sweep of entries whose storage died. Touches
+// only its members and the on_dead callback it is given; the runtime
+// (csrc/runtime/tracking/storages.*) owns one, under its lock, with Key = const c10::StorageImpl*
+// and Ref = c10::weak_intrusive_ptr<c10::StorageImpl>. Ref needs `bool expired() const`.
+//
+// Bound: the sweep runs after as many insertions as there were entries left by the previous one
+// (at least min_sweep), so the table holds at most twice the storages alive at the last sweep plus
+// min_sweep entries, plus the young ring: O(live storages), however many ops a period runs.
+#pragma once
+
+#include "dependency_tracker.h"
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace torch_pipeline {
+namespace core {
+
+// A few stream ids, inline (storages are used on one or two streams).
+class StreamSet {
+ public:
+  bool contains(StreamId id) const {
+    return std::find(inline_.begin(), inline_.begin() + n_, id) != inline_.begin() + n_ ||
+        std::find(more_.begin(), more_.end(), id) != more_.end();
+  }
+  void add(StreamId id) {
+    if (n_ < inline_.size()) {
+      inline_[n_++] = id;
+    } else {
+      more_.push_back(id);
+    }
+  }
+  void reset(StreamId id) {
+    n_ = 0;
+    more_.clear();
+    add(id);
+  }
+
+ private:
+  std::array<StreamId, 3> inline_{};
+  uint8_t n_ = 0;
+  std::vector<StreamId> more_;
+};
+
+template <typename Key, typename Ref, typename Data>
+class StorageTable {
+  static_assert(std::is_pointer_v<Key>, "storages are keyed by address");
+
+ public:
+  static constexpr size_t kYoung = 64;       // fresh outputs kept without an entry
+  static constexpr size_t kMinSweep = 1024;  // insertions between sweeps, at least
+
+  struct Entry {
+    Entry(Ref r, StorageId i) : ref(std::move(r)), id(i) {}
+    Ref ref;                  // keeps the address from being reused while the entry exists
+    StorageId id;             // the address
+    StreamId home = 0;        // the stream it was allocated on, if known (made by an op)
+    StreamSet recorded;       // streams recorded with the allocator (record_stream)
+    // Created by the op at this position (a fresh output), not yet told to the tracker: many
+    // outputs are never used again, so the definition waits for the storage's next use.
+    Position pending_definition;
+    Data data;                // the runtime's own fields
+
+    // A fresh output of the op at `p`, allocated on its stream.
+    void define(Position p) {
+      pending_definition = p;
+      recorded.reset(p.stream);
+      home = p.stream;
+    }
+  };
+  // Receives the entries a sweep dropped (their storages died).
+  using OnDead = std::function<void(std::vector<Entry>& dead)>;
+
+  explicit StorageTable(OnDead on_dead, size_t young_capacity = kYoung,
+                        size_t min_sweep = kMinSweep)
+      : on_dead_(std::move(on_dead)),
+        young_capacity_(std::max<size_t>(1, young_capacity)),
+        min_sweep_(std::max<size_t>(1, min_sweep)) {}
+
+  static StorageId id_of(Key key) { return reinterpret_cast<StorageId>(key); }
+
+  // The entry of `key` whose storage is alive (a young one is promoted); nullptr if none.
+  Entry* find(Key key) {
+    auto it = map_.find(key);
+    Entry* e = it != map_.end() ? &it->second : promote_young(key);
+    return e == nullptr || e->ref.expired() ? nullptr : e;
+  }
+
+  // The entry of `key`, created (with make_ref()) if it has none: a young one is promoted.
+  template <typename MakeRef>
+  Entry& acquire(Key key, MakeRef&& make_ref) {
+    auto it = map_.find(key);
+    if (it != map_.end()) {
+      return it->second;
+    }
+    if (Entry* e = promote_young(key)) {
+      return *e;
+    }
+    return insert(key, make_ref());
+  }
+
+  // `key` is a fresh output of the op at `definition`: it stays young (no entry) until it is used
+  // again or the ring is full; an entry it has already is redefined.
+  template <typename MakeRef>
+  void add_young(Key key, MakeRef&& make_ref, Position definition) {
+    auto it = map_.find(key);
+    if (it != map_.end()) {
+      it->second.define(definition);  // (an output of a storage known already)
+      return;
+    }
+    for (Young& y : young_) {
+      if (y.key == key) {
+        y.definition = definition;  // (two outputs sharing a storage, or an op returning it again)
+        return;
+      }
+    }
+    if (young_.size() >= young_capacity_) {
+      Young oldest = std::move(young_.front());
+      young_.pop_front();
+      if (!oldest.ref.expired()) {
+        promote(std::move(oldest));
+      }
+    }
+    young_.push_back(Young{key, make_ref(), definition});
+  }
+
+  // f(Entry&) for every entry whose storage is alive.
+  template <typename F>
+  void for_each_alive(F&& f) {
+    for (auto& [key, e] : map_) {
+      if (!e.ref.expired()) {
+        f(e);
+      }
+    }
+  }
+
+  size_t size() const { return map_.size(); }     // entries (some may be dead, until a sweep)
+  size_t young() const { return young_.size(); }  // young storages
+  size_t sweeps() const { return sweeps_; }
+
+  // Drops every entry and young storage (on_dead is not called).
+  void clear() {
+    map_.clear();
+    young_.clear();
+    inserted_since_sweep_ = 0;
+    left_by_sweep_ = 0;
+  }
+
+  // Drops the entries of dead storages now (on_dead gets them).
+  void sweep() {
+    ++sweeps_;
+    inserted_since_sweep_ = 0;
+    std::vector<Entry> dead;
+    for (auto it = map_.begin(); it != map_.end();) {
+      if (it->second.ref.expired()) {
+        dead.push_back(std::move(it->second));
+        it = map_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    // The next sweep after as many insertions as entries are left (at least min_sweep_): the cost
+    // of a sweep is amortised over the insertions that made it due.
+    left_by_sweep_ = map_.size();
+    if (!dead.empty() && on_dead_) {
+      on_dead_(dead);
+    }
+  }
+
+ private:
+  struct Young {
+    Key key;
+    Ref ref;
+    Position definition;
+  };
+
+  Entry& insert(Key key, Ref ref) {
+    if (++inserted_since_sweep_ >= std::max(min_sweep_, left_by_sweep_)) {
+      sweep();
+    }
+    return map_.emplace(key, Entry(std::move(ref), id_of(key))).first->second;
+  }
+  // Gives a young storage its entry (defined by its op, allocated on that op's stream).
+  Entry& promote(Young&& y) {
+    Entry& e = insert(y.key, std::move(y.ref));  // (new: young storages have no entry)
+    e.define(y.definition);
+    return e;
+  }
+  Entry* promote_young(Key key) {
+    for (auto it = young_.rbegin(); it != young_.rend(); ++it) {
+      if (it->key == key) {
+        Young y = std::move(*it);
+        young_.erase(std::next(it).base());
+        return &promote(std::move(y));
+      }
+    }
+    return nullptr;
+  }
+
+  OnDead on_dead_;
+  const size_t young_capacity_;
+  const size_t min_sweep_;
+  std::unordered_map<Key, Entry> map_;
+  std::deque<Young> young_;
+  size_t inserted_since_sweep_ = 0;
+  size_t left_by_sweep_ = 0;  // entries the last sweep left
+  size_t sweeps_ = 0;
+};
+
+}  // namespace core
+}  // namespace torch_pipeline

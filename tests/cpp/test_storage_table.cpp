@@ -1,0 +1,129 @@
+// The tracker's storage table (core/storage_table.h): young outputs, promotion, and the amortised
+// sweep that keeps the table O(live storages).
+#include "core/storage_table.h"
+
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <memory>
+#include <vector>
+
+using torch_pipeline::core::Position;
+using torch_pipeline::core::StorageId;
+using torch_pipeline::core::StorageTable;
+
+namespace {
+
+// A storage: alive while `owner` is; the table holds a weak reference.
+struct Storage {
+  std::shared_ptr<int> owner = std::make_shared<int>(0);
+  const int* key() const { return owner.get(); }
+  std::weak_ptr<int> ref() const { return owner; }
+};
+struct Data {
+  int tag = 0;
+};
+using Table = StorageTable<const int*, std::weak_ptr<int>, Data>;
+
+}  // namespace
+
+TEST(StorageTable, YoungOutputsCostNoEntryUntilUsedAgain) {
+  Table table(nullptr, /*young_capacity=*/4);
+  Storage s;
+  table.add_young(s.key(), [&] { return s.ref(); }, Position{3, 7});
+  EXPECT_EQ(table.size(), 0u);
+  EXPECT_EQ(table.young(), 1u);
+  Table::Entry* e = table.find(s.key());  // promoted
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(table.size(), 1u);
+  EXPECT_EQ(table.young(), 0u);
+  EXPECT_EQ(e->pending_definition, (Position{3, 7}));
+  EXPECT_EQ(e->home, 3);
+  EXPECT_TRUE(e->recorded.contains(3));
+  EXPECT_EQ(e->id, Table::id_of(s.key()));
+}
+
+TEST(StorageTable, TheRingPromotesOnlyLiveStoragesThatLeaveIt) {
+  Table table(nullptr, /*young_capacity=*/2);
+  Storage kept;
+  table.add_young(kept.key(), [&] { return kept.ref(); }, Position{1, 1});
+  {
+    Storage dies;
+    table.add_young(dies.key(), [&] { return dies.ref(); }, Position{1, 2});
+  }
+  Storage a, b;
+  table.add_young(a.key(), [&] { return a.ref(); }, Position{1, 3});  // `kept` leaves: promoted
+  table.add_young(b.key(), [&] { return b.ref(); }, Position{1, 4});  // `dies` leaves: dropped
+  EXPECT_EQ(table.size(), 1u);
+  ASSERT_NE(table.find(kept.key()), nullptr);
+}
+
+TEST(StorageTable, AcquireCreatesOnceAndRedefinitionResetsTheEntry) {
+  Table table(nullptr);
+  Storage s;
+  int made = 0;
+  auto make = [&] {
+    ++made;
+    return s.ref();
+  };
+  Table::Entry& e = table.acquire(s.key(), make);
+  e.data.tag = 5;
+  e.recorded.add(9);
+  EXPECT_EQ(&table.acquire(s.key(), make), &e);
+  EXPECT_EQ(made, 1);
+  table.add_young(s.key(), make, Position{2, 4});  // an output of a storage known already
+  EXPECT_EQ(table.young(), 0u);
+  EXPECT_EQ(e.pending_definition, (Position{2, 4}));
+  EXPECT_FALSE(e.recorded.contains(9));
+  EXPECT_EQ(e.data.tag, 5);
+}
+
+TEST(StorageTable, FindSkipsDeadStorages) {
+  Table table(nullptr);
+  const int* key;
+  {
+    Storage s;
+    key = s.key();
+    table.acquire(key, [&] { return s.ref(); });
+  }
+  EXPECT_EQ(table.find(key), nullptr);
+}
+
+// The loop of the sweep bug: a storage made on one stream, used once on another (an entry),
+// dropped, over and over, next to one storage that stays alive. The table must stay within a
+// constant of the live storages; it grew by one entry per iteration once a sweep had kept one.
+TEST(StorageTable, EntriesStayWithinAConstantOfTheLiveStorages) {
+  std::vector<StorageId> forgotten;
+  Table table([&](std::vector<Table::Entry>& dead) {
+    for (const auto& e : dead) forgotten.push_back(e.id);
+  });
+  Storage x;
+  table.acquire(x.key(), [&] { return x.ref(); });
+  size_t most = 0;
+  for (int i = 0; i < 20000; ++i) {
+    Storage y;
+    table.add_young(y.key(), [&] { return y.ref(); }, Position{2, uint64_t(i) + 1});
+    ASSERT_NE(table.find(y.key()), nullptr);  // used again: promoted
+    most = std::max(most, table.size());
+  }
+  EXPECT_LE(most, 2 * Table::kMinSweep + 2) << "sweeps: " << table.sweeps();
+  EXPECT_GE(table.sweeps(), 20000 / (Table::kMinSweep + 1));
+  EXPECT_GT(forgotten.size(), 18000u);
+  EXPECT_NE(table.find(x.key()), nullptr);
+}
+
+TEST(StorageTable, SweepsScaleWithManyLiveStorages) {
+  Table table(nullptr, Table::kYoung, /*min_sweep=*/16);
+  std::deque<Storage> live(100);
+  for (auto& s : live) {
+    table.acquire(s.key(), [&] { return s.ref(); });
+  }
+  for (int i = 0; i < 5000; ++i) {
+    Storage y;
+    table.acquire(y.key(), [&] { return y.ref(); });
+    EXPECT_LE(table.size(), 2 * live.size() + 16 + 1);
+  }
+  size_t alive = 0;
+  table.for_each_alive([&](Table::Entry&) { ++alive; });
+  EXPECT_EQ(alive, live.size());
+}
