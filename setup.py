@@ -54,7 +54,7 @@ def _choose_cuda() -> tuple:
 
 
 with_cuda, why = _choose_cuda()
-sources = _sources("core/*.cpp", "runtime/*.cpp", "sim/*.cpp", "python/*.cpp")
+sources = _sources("core/*.cpp", "runtime/*.cpp", "runtime/tracking/*.cpp", "sim/*.cpp", "python/*.cpp")
 define_macros = []
 if with_cuda:
     sources += _sources("cuda/*.cpp")

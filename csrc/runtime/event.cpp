@@ -13,8 +13,11 @@ PipelineEvent::PipelineEvent(bool enable_timing) : enable_timing_(enable_timing)
 void PipelineEvent::record(PipelineImpl& p) {
   const DeviceStreams lane = lane_streams(p);
   std::vector<std::pair<c10::Device, c10::Event>> fresh;
+  std::vector<tracking::Mark> marks;
   fresh.reserve(lane.size());
+  marks.reserve(lane.size());
   for (const auto& [device, stream] : lane) {
+    marks.push_back(tracking::mark(stream));  // (before the record: the event covers the mark)
     fresh.emplace_back(
         device,
         c10::Event(
@@ -24,17 +27,25 @@ void PipelineEvent::record(PipelineImpl& p) {
   }
   std::lock_guard<std::mutex> lock(mutex_);
   events_ = std::move(fresh);
+  marks_ = std::move(marks);
 }
 
 void PipelineEvent::wait(PipelineImpl& p) const {
   std::vector<c10::Device> devices = this->devices();
   for (const c10::Device& d : devices) {
     const c10::Stream s = pipeline_stream(p, d);
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& [device, event] : events_) {
-      if (device == d) {
-        event.block(s);
+    std::vector<tracking::Mark> waited;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (size_t i = 0; i < events_.size(); ++i) {
+        if (events_[i].first == d) {
+          events_[i].second.block(s);
+          waited.push_back(marks_[i]);
+        }
       }
+    }
+    for (const tracking::Mark& m : waited) {
+      tracking::waited(s, m);  // (after the event's lock: the tracker takes its own)
     }
   }
 }

@@ -1,9 +1,11 @@
 // PipelineEvent: a cross-device event. Recording it on a pipeline records one c10::Event on each
 // of the pipeline's streams; waiting on it makes a pipeline's stream on each of those devices
-// wait for the event of that device.
+// wait for the event of that device. The tracker is told of each wait (tracking::waited), so it
+// inserts no wait the event already implies.
 #pragma once
 
 #include "pipeline.h"
+#include "tracking.h"
 
 #include <c10/core/Event.h>
 
@@ -34,6 +36,7 @@ class PipelineEvent {
   const bool enable_timing_;
   mutable std::mutex mutex_;
   std::vector<std::pair<c10::Device, c10::Event>> events_;
+  std::vector<tracking::Mark> marks_;  // the tracker's mark of each event's stream, by index
 };
 
 }  // namespace torch_pipeline

@@ -17,15 +17,18 @@ TaskSync::TaskSync(int worker_id)
 void TaskSync::record_submitter_position() {
   for (const c10::Device& d : initialized_accelerator_devices()) {
     const c10::Stream s = c10::impl::getDeviceGuardImpl(d.type())->getStream(d);
-    start_.emplace_back(d, c10::Event(d.type()));
-    start_.back().second.record(s);
+    const tracking::Mark mark = tracking::mark(s);  // (before the record: the event covers it)
+    start_.push_back(Recorded{d, c10::Event(d.type()), mark});
+    start_.back().event.record(s);
   }
 }
 
 void TaskSync::wait_for_submitter(PipelineImpl& p) {
   // start_ is written before the task is queued and read only here, after it is dequeued.
-  for (const auto& [device, event] : start_) {
-    event.block(pipeline_stream(p, device));
+  for (const Recorded& r : start_) {
+    const c10::Stream s = pipeline_stream(p, r.device);
+    r.event.block(s);
+    tracking::waited(s, r.mark);
   }
 }
 
@@ -40,11 +43,12 @@ void TaskSync::record_end(PipelineImpl& p) {
       lane.emplace_back(d, pipeline_stream(p, d));
     }
   }
-  std::vector<std::pair<c10::Device, c10::Event>> end;
+  std::vector<Recorded> end;
   end.reserve(lane.size());
   for (const auto& [device, stream] : lane) {
-    end.emplace_back(device, c10::Event(device.type()));
-    end.back().second.record(stream);
+    const tracking::Mark mark = tracking::mark(stream);
+    end.push_back(Recorded{device, c10::Event(device.type()), mark});
+    end.back().event.record(stream);
   }
   std::lock_guard<std::mutex> lock(mutex_);
   end_ = std::move(end);
@@ -75,9 +79,17 @@ bool TaskSync::wait_for(std::chrono::milliseconds timeout) const {
 }
 
 void TaskSync::block_current_streams() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (const auto& [device, event] : end_) {
-    event.block(c10::impl::getDeviceGuardImpl(device.type())->getStream(device));
+  std::vector<std::pair<c10::Stream, tracking::Mark>> waited;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const Recorded& r : end_) {
+      const c10::Stream s = c10::impl::getDeviceGuardImpl(r.device.type())->getStream(r.device);
+      r.event.block(s);
+      waited.emplace_back(s, r.mark);
+    }
+  }
+  for (const auto& [s, mark] : waited) {
+    tracking::waited(s, mark);  // (after the lock: the tracker takes its own)
   }
 }
 

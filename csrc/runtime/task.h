@@ -3,9 +3,11 @@
 //   wait for before the task runs;
 // - the task's end: events on the task's streams, which a waiter's current streams wait for;
 // - a completion latch the submitter can wait on.
+// Each wait is reported to the tracker (tracking::waited), so it inserts no wait already implied.
 #pragma once
 
 #include "pipeline.h"
+#include "tracking.h"
 
 #include <c10/core/Event.h>
 
@@ -51,8 +53,13 @@ class TaskSync {
   std::atomic<bool> done_{false};
   const uint64_t generation_;
   const int worker_id_;
-  std::vector<std::pair<c10::Device, c10::Event>> start_;
-  std::vector<std::pair<c10::Device, c10::Event>> end_;
+  struct Recorded {
+    c10::Device device;
+    c10::Event event;
+    tracking::Mark mark;  // the tracker's mark of the recorded stream
+  };
+  std::vector<Recorded> start_;
+  std::vector<Recorded> end_;
 };
 
 }  // namespace torch_pipeline

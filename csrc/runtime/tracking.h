@@ -1,4 +1,5 @@
-// Automatic synchronization (DESIGN.md §4): the core DependencyTracker bound to c10.
+// Automatic synchronization (docs/design.md §4): the core DependencyTracker bound to c10. The one
+// public header of the tracker; its rooms live in csrc/runtime/tracking/ (see state.h there).
 //
 // While tracking is live, a global RecordFunction callback observes the outermost op of every
 // thread (autograd engine threads included) before it launches, with its inputs, the arguments its
@@ -11,10 +12,10 @@
 // A storage used on a stream other than its allocation stream is kept from reuse until that use
 // completes (see AllocatorSafety). CPU tensors that a non_blocking copy reads or writes on a
 // stream are watched: a CPU op that touches them first synchronizes with
-// that copy. A tensor passed to submit is held by the task: a write to it from another thread
+// that copy. A tensor passed to submit is pinned by the task: a write to it from another thread
 // waits until the task has finished.
 //
-// Tracking is live while a non-default pipeline (or a task holding tensors) is alive; otherwise
+// Tracking is live while a non-default pipeline (or a task pinning tensors) is alive; otherwise
 // no callback is installed and ops pay nothing. Going live orders the streams that were current
 // before (recorded as a baseline each newly seen stream waits for once); going idle makes every
 // stream that was tracked wait for every other one of its device, and synchronizes with pending
@@ -36,7 +37,9 @@
 namespace torch_pipeline {
 namespace tracking {
 
-// Called by the runtime as non-default pipelines are created and destroyed.
+// Called by the runtime as non-default pipelines are created and destroyed. pipeline_created()
+// returns once tracking is live (waiting, through the blocking wait below, for another thread
+// that is going idle); pipeline_destroyed() never waits: the thread switching sees the request.
 void pipeline_created();
 void pipeline_destroyed();
 
@@ -48,16 +51,17 @@ bool live();
 void set_enabled(bool enabled);
 bool enabled();
 
-// Allocator safety (DESIGN.md §4): a storage used on a stream other than its allocation stream is
-// kept from reuse until that use completes, either by holding a reference until an event after the
+// Allocator safety (docs/design.md §4): a storage used on a stream other than its allocation stream is
+// kept from reuse until that use completes, either by keeping a reference until an event after the
 // use has completed (kKeepAlive, the default; polled every few device launches and after synchronize:
 // the memory returns once the use is done, however deep the using stream's queue is, as
 // ProcessGroupNCCL's tensor stashing does) or by the caching allocator's record_stream
 // (kRecordStream: when the storage is freed the allocator records an event on the using stream
 // and reuses the block once all the work queued there then has completed). bench/bench_allocator.py
-// compares them; README.md says why holding is the default. Storages whose allocation stream is
+// compares them; README.md says why keeping alive is the default. Storages whose allocation stream is
 // unknown (made before tracking went live, or outside any op) always use record_stream.
-// TORCH_PIPELINE_ALLOCATOR_SAFETY=hold|record_stream sets the initial mode.
+// TORCH_PIPELINE_ALLOCATOR_SAFETY=keep_alive|record_stream sets the initial mode (read on first
+// use; "hold" is accepted as an old name of keep_alive).
 enum class AllocatorSafety { kKeepAlive, kRecordStream };
 void set_allocator_safety(AllocatorSafety safety);
 AllocatorSafety allocator_safety();
@@ -69,7 +73,7 @@ AllocatorSafety allocator_safety();
 // so later readers on any stream wait for the right point. Unknown works are ignored.
 void work_waited(const void* work);
 
-// Lets go of held storages whose uses are complete (also done every few device launches). The
+// Lets go of storages kept alive whose uses are complete (also done every few device launches). The
 // Python layer calls it after the host synchronized.
 void poll();
 
@@ -90,12 +94,40 @@ struct Stats {
 };
 Stats stats();
 
-// How the tracker blocks the calling thread (for a task that holds a tensor being written):
+// How the tracker blocks the calling thread (for a task that pins a tensor being written, or
+// for another thread going idle):
 // `wait(step)` until step(timeout) returns true. The Python layer installs one that lets go of
 // the GIL while waiting (the task needs it). Default: plain polling.
 using Step = std::function<bool(std::chrono::milliseconds)>;
 using BlockingWait = std::function<void(const Step&)>;
 void set_blocking_wait(BlockingWait wait);
+
+// External waits (docs/design.md §4: "a stream never waits twice for the same producer position"):
+// where the runtime itself makes a stream wait for an event (PipelineEvent.wait, a task's streams
+// waiting for the submitter, future.wait()), it takes a mark of the recorded stream just before
+// recording the event and reports the wait with it, so the tracker inserts no wait the event
+// already implies. Marks of another live period (or taken while idle) are ignored.
+struct Mark {
+  uint64_t period = 0;  // the live period the mark was taken in (0: none)
+  core::StreamId stream = 0;
+  uint64_t seq = 0;     // every op of `stream` up to this position launched before the mark
+};
+Mark mark(const c10::Stream& stream);
+void waited(const c10::Stream& waiter, const Mark& mark);
+
+// An op's (or a tp.track scope's) launch on one stream: the position it got there.
+struct Launched {
+  c10::Stream stream;
+  core::StreamId id;
+  uint64_t seq;
+  c10::Device device() const { return stream.device(); }
+};
+// A storage used off its allocation stream (allocator safety), kept alive from the end of the use.
+struct PendingKeepAlive {
+  core::StreamId id;
+  c10::Stream stream;
+  c10::Storage storage;
+};
 
 // tp.track(read=..., write=...): accesses of kernels the dispatcher never sees (raw launches on
 // data pointers) on the current streams of the tensors' devices. The constructor makes those
@@ -107,24 +139,13 @@ class TrackScope {
   TrackScope(const TrackScope&) = delete;
   TrackScope& operator=(const TrackScope&) = delete;
 
-  struct Launched {
-    c10::Stream stream;
-    core::StreamId id;
-    uint64_t seq;
-  };
-  struct Hold {  // a storage used off its allocation stream (allocator safety), held from the end
-    core::StreamId id;
-    c10::Stream stream;
-    c10::Storage storage;
-  };
-
  private:
-  uint64_t epoch_ = 0;
+  uint64_t period_ = 0;  // the live period of the launch
   std::vector<Launched> launched_;
-  std::vector<Hold> holds_;  // held from the end of the scope, like an op's from its end
+  std::vector<PendingKeepAlive> keep_alive_;  // kept alive from the end of the scope, like an op's
 };
 
-// The tensors of a submitted task (DESIGN.md §3): until release(), a write to their storages from
+// The tensors of a submitted task (docs/design.md §3): until release(), a write to their storages from
 // a thread other than the task's worker thread waits for release(). Keeps tracking live.
 class TaskPins {
  public:

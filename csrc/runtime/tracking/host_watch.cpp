@@ -1,0 +1,91 @@
+// The host-watch room (see host_watch.h): CPU memory of non_blocking copies, the host waits of
+// CPU ops that touch it, and the wait for pending copies when going idle. Touches
+// StorageData::host_watched, g_host_watch, and host positions of the core tracker.
+#include "host_watch.h"
+
+#include "storages.h"
+#include "streams.h"
+
+#include <algorithm>
+
+namespace torch_pipeline {
+namespace tracking {
+namespace detail {
+
+void watch_locked(StorageEntry& e) {
+  if (!e.data.host_watched) {
+    e.data.host_watched = true;
+    g_host_watch.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void host_access(const std::vector<Access>& cpu, std::vector<StorageId>& reads,
+                 std::vector<StorageId>& writes) {
+  LiveState& st = state();
+  std::vector<std::shared_ptr<c10::Event>> events;
+  std::vector<Position> waits;
+  uint64_t period = 0;
+  Position position;
+  {
+    std::lock_guard<std::mutex> lock(st.mutex);
+    reads.clear();
+    writes.clear();
+    for (const Access& a : cpu) {
+      StorageEntry* e = find_storage_locked(st, a.tensor->storage().unsafeGetStorageImpl());
+      if (e != nullptr && e->data.host_watched) {
+        define_pending_locked(st, *e);
+        (a.write ? writes : reads).push_back(e->id);
+      }
+    }
+    if (reads.empty() && writes.empty()) {
+      return;
+    }
+    auto launch = st.tracker->launch(host_stream(), reads, writes);
+    for (const Position& w : launch.waits) {
+      if (!is_host(w.stream)) {
+        events.push_back(event_at_locked(st, w));
+      }
+    }
+    waits = std::move(launch.waits);
+    position = launch.position;
+    period = st.period;
+  }
+  for (const auto& ev : events) {
+    ev->synchronize();
+    count(g_counters.host_waits);
+  }
+  std::lock_guard<std::mutex> lock(st.mutex);
+  if (st.period != period) {
+    return;
+  }
+  for (const Position& w : waits) {
+    st.tracker->completed(w);
+  }
+  st.tracker->completed(position);  // the CPU op runs now, synchronously
+}
+
+void pending_copies_locked(LiveState& st, std::vector<std::shared_ptr<c10::Event>>& out) {
+  std::vector<StreamId> touched;
+  st.storages.for_each_alive([&](StorageEntry& e) {
+    if (!e.data.host_watched) {
+      return;
+    }
+    define_pending_locked(st, e);
+    for (const Position& p : st.tracker->uses_off(e.id, host_stream())) {
+      if (!is_host(p.stream) &&
+          std::find(touched.begin(), touched.end(), p.stream) == touched.end()) {
+        touched.push_back(p.stream);
+      }
+    }
+  });
+  for (const StreamId id : touched) {
+    if (StreamEntry* se = find_stream_locked(st, id)) {
+      out.push_back(std::make_shared<c10::Event>(se->stream.device_type()));
+      out.back()->record(se->stream);
+    }
+  }
+}
+
+}  // namespace detail
+}  // namespace tracking
+}  // namespace torch_pipeline

@@ -1,0 +1,182 @@
+// The keep-alive room (see keep_alive.h): allocator safety by keeping alive or record_stream,
+// the polling that lets kept storages go, and the mode switch. Touches StreamEntry::kept,
+// LiveState::kept_alive / launches_since_poll, StorageEntry::recorded, and events via streams.h.
+#include "keep_alive.h"
+
+#include "../settings.h"
+#include "streams.h"
+
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <algorithm>
+#include <mutex>
+
+namespace torch_pipeline {
+namespace tracking {
+namespace detail {
+
+namespace {
+
+constexpr size_t kPollEvery = 1;  // device launches between polls (a poll with nothing due is free)
+
+// -1: not read yet; else an AllocatorSafety.
+std::atomic<int> g_safety{-1};
+
+AllocatorSafety safety_from_env() {
+  const std::string mode = settings::env_choice(
+      "TORCH_PIPELINE_ALLOCATOR_SAFETY", {"keep_alive", "record_stream", "hold"}, "keep_alive");
+  return mode == "record_stream" ? AllocatorSafety::kRecordStream : AllocatorSafety::kKeepAlive;
+}
+
+AllocatorSafety safety() {
+  int s = g_safety.load(std::memory_order_relaxed);
+  if (s < 0) {
+    int unread = -1;
+    const int read = static_cast<int>(safety_from_env());  // (throws ValueError on a bad value)
+    g_safety.compare_exchange_strong(unread, read);
+    s = g_safety.load();
+  }
+  return static_cast<AllocatorSafety>(s);
+}
+
+void record_stream(const c10::Stream& stream, const c10::Storage& storage) {
+  c10::impl::getDeviceGuardImpl(stream.device_type())
+      ->recordDataPtrOnStream(storage.data_ptr(), stream);
+  count(g_counters.record_streams);
+}
+
+}  // namespace
+
+bool keeping_alive() {
+  return safety() == AllocatorSafety::kKeepAlive;
+}
+
+void protect_use_locked(StorageEntry& e, StreamEntry& se, const c10::Storage& storage,
+                        bool keep_alive, std::vector<PendingKeepAlive>& pending) {
+  if (keep_alive && e.home != 0) {
+    // A use off the allocation stream keeps the storage alive until the use completes (from the
+    // op's end on).
+    if (e.home != se.id) {
+      pending.push_back(PendingKeepAlive{se.id, se.stream, storage});
+    }
+  } else if (!e.recorded.contains(se.id)) {
+    // record_stream (also for storages of unknown allocation stream): the memory is not reused
+    // before this stream's work at free time completes (a no-op on the allocation stream).
+    record_stream(se.stream, storage);
+    e.recorded.add(se.id);
+  }
+}
+
+void start_keep_alive_locked(LiveState& st, std::vector<PendingKeepAlive>& pending,
+                             const std::vector<Launched>& launched) {
+  for (PendingKeepAlive& k : pending) {
+    for (const Launched& l : launched) {
+      if (l.id == k.id) {
+        st.by_id.at(k.id)->kept.add(l.seq, std::move(k.storage));
+        ++st.kept_alive;
+        count(g_counters.keep_alives);
+        break;
+      }
+    }
+  }
+  pending.clear();  // (under the lock: a storage not moved may be the last reference)
+}
+
+void record_instead(std::vector<PendingKeepAlive>& pending) {
+  for (const PendingKeepAlive& k : pending) {
+    record_stream(k.stream, k.storage);
+  }
+  pending.clear();
+}
+
+void maybe_poll_locked(LiveState& st, std::vector<c10::Storage>& released) {
+  if (++st.launches_since_poll >= kPollEvery) {
+    poll_locked(st, released);
+  }
+}
+
+// Queries the event after the oldest kept use of each stream (and the newest, first); records one
+// if the stream has none after it.
+void poll_locked(LiveState& st, std::vector<c10::Storage>& released) {
+  st.launches_since_poll = 0;
+  if (st.kept_alive == 0) {
+    return;
+  }
+  const size_t before = released.size();
+  for (auto& [stream, entry] : st.streams) {
+    StreamEntry& e = *entry;
+    st.kept_alive -= e.kept.take_done(released);
+    if (e.kept.empty()) {
+      continue;
+    }
+    // The newest event after a kept use, then (if that one is not done) the oldest: at most two
+    // queries per stream. Without one, record one now after all kept uses (they have all
+    // launched: keep-alives start after their op) and keep it for later polls and waits.
+    const uint64_t front = e.kept.front_seq();
+    std::vector<std::pair<uint64_t, std::shared_ptr<c10::Event>>> candidates;
+    const auto* newest = e.log.newest();
+    if (newest != nullptr && newest->first >= front) {
+      candidates.push_back(*newest);
+      const auto* oldest = e.log.event_at(front);
+      if (oldest->first != newest->first) {
+        candidates.push_back(*oldest);
+      }
+    } else {
+      const uint64_t covers = std::min(e.kept.back_seq(), e.log.settled());
+      if (covers < front) {
+        continue;  // the oldest kept use is behind an op still launching on another thread
+      }
+      auto ev = std::make_shared<c10::Event>(e.stream.device_type());
+      ev->record(e.stream);
+      count(g_counters.events);
+      e.log.keep(covers, ev);  // (if newer than the newest kept)
+      candidates.emplace_back(covers, std::move(ev));
+    }
+    if (!e.kept.due(candidates.front().first)) {
+      continue;  // queried recently and not done: a device query is not free
+    }
+    for (const auto& [covers, ev] : candidates) {
+      if (ev->query()) {
+        e.kept.completed(covers);
+        st.tracker->completed(Position{e.id, covers});
+        break;
+      }
+    }
+    st.kept_alive -= e.kept.take_done(released);
+  }
+  count(g_counters.released, released.size() - before);
+}
+
+void hand_to_allocator_locked(LiveState& st, std::vector<c10::Storage>& released) {
+  for (auto& [stream, entry] : st.streams) {
+    const c10::Stream s = stream;
+    entry->kept.take_all(released, [&](uint64_t, c10::Storage& storage) {
+      c10::impl::getDeviceGuardImpl(s.device_type())->recordDataPtrOnStream(storage.data_ptr(), s);
+    });
+  }
+  st.kept_alive = 0;
+}
+
+}  // namespace detail
+
+void set_allocator_safety(AllocatorSafety safety) {
+  detail::g_safety.store(static_cast<int>(safety));
+}
+
+AllocatorSafety allocator_safety() {
+  return detail::safety();
+}
+
+void poll() {
+  using namespace detail;
+  if (!live()) {
+    return;
+  }
+  LiveState& st = state();
+  std::vector<c10::Storage> released;  // dropped after the lock (declared before it)
+  std::lock_guard<std::mutex> lock(st.mutex);
+  poll_locked(st, released);
+}
+
+}  // namespace tracking
+}  // namespace torch_pipeline

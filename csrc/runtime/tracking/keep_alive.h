@@ -1,0 +1,38 @@
+// Internal to the tracker. The keep-alive room: allocator safety (docs/design.md §4) for storages
+// used off their allocation stream, by keeping them alive until the use completes (per stream
+// core::KeepAliveQueue, polled) or by the allocator's record_stream. Touches StreamEntry::kept,
+// LiveState::kept_alive and launches_since_poll, the storage entries' `recorded` set, and records
+// events on streams (through streams.h). Callers of *_locked hold LiveState::mutex.
+#pragma once
+
+#include "state.h"
+
+#include <vector>
+
+namespace torch_pipeline {
+namespace tracking {
+namespace detail {
+
+// The mode now (TORCH_PIPELINE_ALLOCATOR_SAFETY is read on the first call).
+bool keeping_alive();
+
+// The op about to launch on `se` uses storage `e`: keep it alive from the op's end (appended to
+// `pending`) or record it with the allocator, as the mode and its allocation stream say.
+void protect_use_locked(StorageEntry& e, StreamEntry& se, const c10::Storage& storage,
+                        bool keep_alive, std::vector<PendingKeepAlive>& pending);
+// The ops of `launched` have launched: the pending keep-alives on their streams start now.
+void start_keep_alive_locked(LiveState& st, std::vector<PendingKeepAlive>& pending,
+                             const std::vector<Launched>& launched);
+// Keep-alives that cannot start (tracking went idle, the op failed): record_stream instead.
+void record_instead(std::vector<PendingKeepAlive>& pending);
+// Lets go of storages whose uses are known complete (moved to `released`, to be dropped after the
+// lock: dropping the last reference frees memory). Counts a launch; polls when due.
+void poll_locked(LiveState& st, std::vector<c10::Storage>& released);
+void maybe_poll_locked(LiveState& st, std::vector<c10::Storage>& released);
+// Going idle: storages kept alive, whose uses may still run, go to record_stream (moved to
+// `released`).
+void hand_to_allocator_locked(LiveState& st, std::vector<c10::Storage>& released);
+
+}  // namespace detail
+}  // namespace tracking
+}  // namespace torch_pipeline

@@ -1,0 +1,173 @@
+// The launch room (see launch.h): an op's launch on its device streams and its end. Owns the
+// per-thread ThreadRun; touches LiveState through the stream log, storage table, keep-alive and
+// host-watch rooms, and the launch/wait/event counters.
+#include "launch.h"
+
+#include "host_watch.h"
+#include "keep_alive.h"
+#include "storages.h"
+#include "streams.h"
+
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <algorithm>
+
+namespace torch_pipeline {
+namespace tracking {
+namespace detail {
+
+namespace {
+
+thread_local ThreadRun t_run;
+
+// Before this thread launches on stream `next`: the end of its run on another stream gets its event.
+void end_run_locked(ThreadRun& run, LiveState& st, StreamId next) {
+  if (run.last.seq != 0 && run.last.stream != next) {
+    if (run.last_period == st.period) {
+      record_locked(st, run.last.stream, run.last.seq);
+    }
+    run.last = Position{};
+  }
+}
+
+void settle_locked(LiveState& st, const std::vector<Launched>& launched) {
+  for (const Launched& l : launched) {
+    if (StreamEntry* se = find_stream_locked(st, l.id)) {
+      se->log.finish(l.seq);
+    }
+  }
+}
+
+}  // namespace
+
+ThreadRun& thread_run() {
+  return t_run;
+}
+
+void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool async,
+                   std::vector<Launched>& launched, uint64_t& period,
+                   std::optional<c10::Device> target) {
+  LiveState& st = state();
+  // The devices, in order of first appearance (a copy to `target` runs there).
+  auto& devices = run.devices;
+  devices.clear();
+  if (target.has_value()) {
+    devices.push_back(*target);
+  }
+  for (const Access& a : accesses) {
+    const c10::Device d = a.tensor->device();
+    if (!d.is_cpu() && std::find(devices.begin(), devices.end(), d) == devices.end()) {
+      devices.push_back(d);
+    }
+  }
+  const bool keep_alive = keeping_alive();
+  std::vector<c10::Storage> released;  // dropped after the lock (declared before it)
+  std::lock_guard<std::mutex> lock(st.mutex);
+  period = st.period;
+  maybe_poll_locked(st, released);
+  for (size_t di = 0; di < devices.size(); ++di) {
+    const c10::Device device = devices[di];
+    const c10::Stream stream = c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
+    StreamEntry& se = acquire_stream_locked(st, stream);
+    auto& reads = run.reads;
+    auto& writes = run.writes;
+    reads.clear();
+    writes.clear();
+    for (const Access& a : accesses) {
+      const c10::Device d = a.tensor->device();
+      const bool cpu_here = d.is_cpu() && async && di == 0;  // a copy's host side: its stream
+      if (d != device && !cpu_here) {
+        continue;
+      }
+      const c10::Storage& storage = a.tensor->storage();
+      StorageEntry& e = acquire_storage_locked(st, storage);
+      define_pending_locked(st, e);
+      if (cpu_here) {
+        watch_locked(e);
+      } else {
+        protect_use_locked(e, se, storage, keep_alive, run.keep_alive);
+      }
+      (a.write ? writes : reads).push_back(e.id);
+    }
+    end_run_locked(run, st, se.id);
+    const auto launch = st.tracker->launch(se.id, reads, writes);
+    se.log.start(launch.position.seq);  // in flight until finish()
+    for (const Position& w : launch.waits) {
+      if (!is_host(w.stream)) {  // (a host op of another thread still synchronizing: racy)
+        event_at_locked(st, w)->block(stream);
+      }
+    }
+    count(g_counters.launches);
+    count(g_counters.waits, launch.waits.size());
+    launched.push_back(Launched{stream, se.id, launch.position.seq});
+  }
+}
+
+void settle(const std::vector<Launched>& launched, uint64_t period) {
+  LiveState& st = state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  if (st.period == period) {
+    settle_locked(st, launched);
+  }
+}
+
+void finish(ThreadRun& run, std::vector<Launched>& launched, uint64_t period,
+            const std::vector<at::Tensor>* fresh, bool async) {
+  LiveState& st = state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  if (period != 0 && st.period != period) {
+    record_instead(run.keep_alive);  // tracking went idle (and maybe live again) since the launch
+    return;
+  }
+  settle_locked(st, launched);
+  if (fresh != nullptr) {
+    for (const at::Tensor& out : *fresh) {
+      const c10::Device d = out.device();
+      size_t g = launched.size();
+      if (d.is_cpu()) {
+        if (!async || launched.empty()) {
+          continue;  // a CPU op's output: nothing pending on it
+        }
+        g = 0;  // the output of a non_blocking copy to the host: written on the copy's stream
+      } else {
+        for (size_t i = 0; i < launched.size(); ++i) {
+          if (launched[i].device() == d) {
+            g = i;
+            break;
+          }
+        }
+        if (g == launched.size()) {
+          // A factory (no input on this device): the op ran on the device's current stream.
+          const c10::Stream stream = c10::impl::getDeviceGuardImpl(d.type())->getStream(d);
+          StreamEntry& se = acquire_stream_locked(st, stream);
+          end_run_locked(run, st, se.id);
+          const auto launch = st.tracker->launch(se.id, {}, {});
+          se.log.note_launched(launch.position.seq);  // (launched already: the op has run)
+          count(g_counters.launches);
+          launched.push_back(Launched{stream, se.id, launch.position.seq});
+        }
+      }
+      const Position definition{launched[g].id, launched[g].seq};
+      if (!d.is_cpu()) {
+        add_young_locked(st, out.storage(), definition);
+        continue;
+      }
+      StorageEntry& e = acquire_storage_locked(st, out.storage());  // watched host memory
+      watch_locked(e);
+      e.pending_definition = definition;
+    }
+  }
+  start_keep_alive_locked(st, run.keep_alive, launched);
+  if (launched.size() == 1) {
+    run.last = Position{launched[0].id, launched[0].seq};  // its event waits for the end of the run
+    run.last_period = st.period;
+  } else {
+    for (const Launched& l : launched) {
+      record_locked(st, l.id, l.seq);
+    }
+  }
+}
+
+}  // namespace detail
+}  // namespace tracking
+}  // namespace torch_pipeline

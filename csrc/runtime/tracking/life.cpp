@@ -1,0 +1,168 @@
+// The live-period room (see life.h): pipeline counts, going live / idle through core::LiveSwitch
+// (the transitions run with no lock held), the RecordFunction callback's registration, and the
+// fork handler. Touches g_live, g_observing, g_enabled, g_pipelines, g_pins and the callback
+// handle; starts and ends periods through the other rooms.
+#include "life.h"
+
+#include "../../core/live_switch.h"
+#include "host_watch.h"
+#include "keep_alive.h"
+#include "observer.h"
+#include "pins.h"
+#include "state.h"
+#include "streams.h"
+
+#include <ATen/record_function.h>
+
+#include <pthread.h>
+
+#include <optional>
+
+namespace torch_pipeline {
+namespace tracking {
+namespace detail {
+
+namespace {
+
+// The callback installed by this process (only the switching thread touches these).
+std::optional<at::CallbackHandle> g_callback;
+// In a forked child: the parent's callback, still registered (the same functions). Removing it
+// in the fork handler could block on a lock a parent's thread held; the child's next go_live
+// adopts it instead of adding another (until then on_start ignores it: g_observing is false).
+std::optional<at::CallbackHandle> g_parent_callback;
+std::atomic<uint64_t> g_fork_generation{0};
+
+void go_live() {
+  (void)keeping_alive();  // reads TORCH_PIPELINE_ALLOCATOR_SAFETY: a bad value raises here
+  // The callback first: ops from now on are observed; those queued before the baseline below is
+  // recorded (on the streams current now and the default streams) are ordered by it.
+  if (g_parent_callback.has_value()) {
+    g_callback = g_parent_callback;  // (a forked child: the parent's is still registered)
+    g_parent_callback.reset();
+  } else {
+    g_callback = add_observer();
+  }
+  g_observing.store(true, std::memory_order_release);
+  LiveState& st = state();
+  {
+    std::lock_guard<std::mutex> lock(st.mutex);
+    reset_locked(st);
+    // Work launched before (untracked) is ordered before tracked work: each stream waits for
+    // this baseline at its first use.
+    record_baseline_locked(st);
+  }
+  g_live.store(true, std::memory_order_release);
+}
+
+// Collects under the lock, waits and removes the callback after it.
+void go_idle() {
+  g_live.store(false, std::memory_order_release);
+  LiveState& st = state();
+  std::vector<std::shared_ptr<c10::Event>> host_pending;
+  std::vector<c10::Storage> released;  // dropped after the lock (declared before it)
+  {
+    std::lock_guard<std::mutex> lock(st.mutex);
+    barrier_locked(st);
+    // CPU memory a non_blocking copy may still be writing: CPU ops will no longer be observed, so
+    // wait here (after the lock) for the copies.
+    pending_copies_locked(st, host_pending);
+    hand_to_allocator_locked(st, released);
+  }
+  for (const auto& ev : host_pending) {
+    ev->synchronize();
+  }
+  if (g_callback.has_value()) {
+    at::removeCallback(*g_callback);
+    g_callback.reset();
+  }
+  g_observing.store(false, std::memory_order_release);
+  {
+    // Again, for what other threads launched while the callback was still installed.
+    std::lock_guard<std::mutex> lock(st.mutex);
+    barrier_locked(st);
+    hand_to_allocator_locked(st, released);
+    reset_locked(st);
+  }
+  released.clear();  // after the lock: may free memory
+}
+
+core::LiveSwitch& live_switch() {
+  static auto* sw = new core::LiveSwitch(core::LiveSwitch::Actions{
+      [] {
+        return g_enabled.load() && (g_pipelines.load() > 0 || g_pins.load() > 0);
+      },
+      &go_live, &go_idle});
+  return *sw;
+}
+
+// In the child, right after fork (only the forking thread exists; other threads of the parent
+// may have held the tracker's locks): new state and locks, nothing live, no pipelines or pins
+// (the parent's pipelines and tasks are left be in a child: see Runtime::current_generation),
+// the parent's callback forgotten until the next switch.
+void after_fork_in_child() {
+  g_fork_generation.fetch_add(1);
+  g_live.store(false);
+  g_observing.store(false);
+  g_pipelines.store(0);
+  g_pins.store(0);
+  g_host_watch.store(0);
+  if (g_callback.has_value()) {
+    g_parent_callback = g_callback;
+    g_callback.reset();
+  }
+  replace_state_after_fork();
+  reset_pins_after_fork();
+  reset_observer_thread_after_fork();
+  live_switch().reset_after_fork();
+}
+
+struct ForkHandler {
+  ForkHandler() { pthread_atfork(nullptr, nullptr, &after_fork_in_child); }
+} fork_handler;
+
+}  // namespace
+
+void update_live(bool settle) {
+  live_switch().update(settle, [](const core::LiveSwitch::Step& step) { blocking_wait(step); });
+}
+
+uint64_t fork_generation() {
+  return g_fork_generation.load(std::memory_order_acquire);
+}
+
+}  // namespace detail
+
+void pipeline_created() {
+  using namespace detail;
+  if (g_pipelines.fetch_add(1) == 0 || !live()) {
+    try {
+      update_live(/*settle=*/true);
+    } catch (...) {
+      g_pipelines.fetch_sub(1);  // (the pipeline is not made)
+      throw;
+    }
+  }
+}
+
+void pipeline_destroyed() {
+  using namespace detail;
+  if (g_pipelines.fetch_sub(1) == 1) {
+    update_live(/*settle=*/false);
+  }
+}
+
+bool live() {
+  return detail::g_live.load(std::memory_order_acquire);
+}
+
+void set_enabled(bool enabled) {
+  detail::g_enabled.store(enabled);
+  detail::update_live(/*settle=*/true);
+}
+
+bool enabled() {
+  return detail::g_enabled.load();
+}
+
+}  // namespace tracking
+}  // namespace torch_pipeline

@@ -1,0 +1,237 @@
+// The observer room (see observer.h): the RecordFunction callbacks and their per-thread state
+// only. Reads op facts (op_facts.h) and the lock-free switches; acts through the pins, host-watch,
+// launch and collectives rooms.
+#include "observer.h"
+
+#include "../ivalue_tensors.h"
+#include "../op_facts.h"
+#include "../warn.h"
+#include "collectives.h"
+#include "host_watch.h"
+#include "keep_alive.h"
+#include "launch.h"
+#include "pins.h"
+#include "state.h"
+
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+namespace torch_pipeline {
+namespace tracking {
+namespace detail {
+
+namespace {
+
+// Per-thread state of the op being observed (only the outermost one of a thread).
+struct Tls {
+  int level = 0;   // RecordFunction nesting on this thread
+  int active = 0;  // level of the observed (outermost) op, 0 if none
+  uint64_t period = 0;      // the live period of its launch
+  bool async = false;       // a non_blocking copy: its CPU storages are accessed on the stream
+  bool host_only = false;   // the op has nothing on a device and nothing watched: no end work
+  bool c10d = false;        // a c10d op (a collective): it may return a Work
+  std::vector<Launched> launched;
+  std::vector<const c10::StorageImpl*> inputs;
+  std::vector<Access> accesses;
+  std::vector<at::Tensor> list_items;  // owned copies of tensors inside list arguments ...
+  std::vector<bool> list_writes;       // ... and their write flags
+  std::vector<Access> scratch;
+  std::vector<at::Tensor> fresh;
+};
+thread_local Tls tls;
+
+void add_tensor(const at::Tensor& t, bool write, std::vector<Access>& out) {
+  if (has_data(t)) {
+    out.push_back(Access{&t, write});
+  }
+}
+
+void failed(const char* where, const std::exception& e) {
+  warn_once(std::string("tracking failed ") + where,
+            std::string("automatic synchronization failed ") + where + " (" + e.what() +
+                "); this op may race. Further failures there are not reported.");
+}
+
+// Whether an argument puts the op on a device: a device tensor (also in a list), or a device
+// argument (factories, to()).
+bool on_device(const c10::IValue& v) {
+  if (v.isDevice()) {
+    return !v.toDevice().is_cpu();
+  }
+  return any_tensor(v, [](const at::Tensor& x) { return !x.device().is_cpu(); });
+}
+
+void begin_op(const at::RecordFunction& fn, const OpFacts& facts, Tls& t) {
+  t.launched.clear();
+  t.inputs.clear();
+  t.accesses.clear();
+  t.list_items.clear();
+  t.list_writes.clear();
+  t.async = false;
+  t.period = 0;
+  t.c10d = facts.name.compare(0, 6, "c10d::") == 0;
+  const auto inputs = fn.inputs();
+  // The common case of CPU code: nothing on a device, no watched host memory, no pinned tensors.
+  t.host_only = !watching_host() && g_pins.load(std::memory_order_acquire) == 0 &&
+      std::none_of(inputs.begin(), inputs.end(), on_device);
+  if (t.host_only) {
+    return;
+  }
+  bool any_device = false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const bool w = i < facts.write.size() && facts.write[i] != 0;
+    if (inputs[i].isTensor()) {
+      add_tensor(inputs[i].toTensor(), w, t.accesses);  // (the IValue outlives the op)
+    } else {
+      // Tensors inside lists (torch.cat, _foreach_*) are handed out as temporaries: copied.
+      for_each_tensor(inputs[i], [&](const at::Tensor& x) {
+        t.list_items.push_back(x);
+        t.list_writes.push_back(w);
+      });
+    }
+  }
+  for (size_t i = 0; i < t.list_items.size(); ++i) {  // (list_items stopped growing)
+    add_tensor(t.list_items[i], t.list_writes[i], t.accesses);
+  }
+  if (t.accesses.empty()) {
+    return;  // a factory: its outputs are handled at the end
+  }
+  for (const Access& a : t.accesses) {
+    t.inputs.push_back(a.tensor->storage().unsafeGetStorageImpl());
+    any_device |= !a.tensor->device().is_cpu();
+  }
+  const bool non_blocking = facts.non_blocking >= 0 &&
+      static_cast<size_t>(facts.non_blocking) < inputs.size() &&
+      inputs[facts.non_blocking].isBool() && inputs[facts.non_blocking].toBool();
+  // A non_blocking copy from the host to a device (x.to("cuda", non_blocking=True)) has only CPU
+  // tensors among its inputs: its device argument says where it runs.
+  std::optional<c10::Device> target;
+  if (non_blocking && !any_device) {
+    for (const c10::IValue& v : inputs) {
+      if (v.isDevice() && !v.toDevice().is_cpu()) {
+        target = v.toDevice();
+        if (!target->has_index()) {
+          target = c10::Device(
+              target->type(),
+              c10::impl::getDeviceGuardImpl(target->type())->getDevice().index());
+        }
+        break;
+      }
+    }
+  }
+  t.async = non_blocking && (any_device || target.has_value());
+  wait_for_pins(t.accesses);
+  ThreadRun& run = thread_run();
+  if (!t.async && (watching_host() || g_pins.load(std::memory_order_acquire) > 0)) {
+    t.scratch.clear();
+    for (const Access& a : t.accesses) {
+      if (a.tensor->device().is_cpu()) {
+        t.scratch.push_back(a);
+      }
+    }
+    if (!t.scratch.empty()) {
+      host_access(t.scratch, run.reads, run.writes);
+    }
+  }
+  if (any_device || target.has_value()) {
+    device_launch(run, t.accesses, t.async, t.launched, t.period, target);
+  }
+}
+
+void end_op(const at::RecordFunction& fn, Tls& t) {
+  auto& fresh = t.fresh;
+  fresh.clear();
+  for (const c10::IValue& v : fn.outputs()) {
+    for_each_tensor(v, [&](const at::Tensor& x) {
+      if (has_data(x) &&
+          std::find(t.inputs.begin(), t.inputs.end(), x.storage().unsafeGetStorageImpl()) ==
+              t.inputs.end() &&
+          (!x.device().is_cpu() || t.async)) {
+        fresh.push_back(x);
+      }
+    });
+  }
+  if (t.c10d) {
+    note_async_collective(fn, t.accesses);
+  }
+  if (t.launched.empty() && fresh.empty()) {
+    return;
+  }
+  finish(thread_run(), t.launched, t.period, &fresh, t.async);  // (period 0 for a factory)
+}
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  Tls& t = tls;
+  ++t.level;
+  if (t.active != 0) {
+    return nullptr;  // inside an observed op: its device work is on the same streams
+  }
+  if (!g_observing.load(std::memory_order_relaxed)) {
+    return nullptr;  // a forked child's copy of the parent's callback, or being removed
+  }
+  const OpFacts& facts = op_facts(fn);
+  if (facts.transparent) {
+    return nullptr;
+  }
+  t.active = t.level;
+  count(g_counters.ops);
+  try {
+    begin_op(fn, facts, t);
+  } catch (const std::exception& e) {
+    if (!t.launched.empty()) {
+      settle(t.launched, t.period);
+    }
+    t.launched.clear();
+    t.host_only = true;
+    failed("before an op", e);
+  }
+  return nullptr;
+}
+
+void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  Tls& t = tls;
+  if (t.level == 0) {
+    return;  // the callback was installed while this op ran (or a fork reset this thread)
+  }
+  if (t.active == t.level) {
+    t.active = 0;
+    try {
+      if (!t.host_only) {
+        end_op(fn, t);
+      }
+    } catch (const std::exception& e) {
+      failed("after an op", e);
+    }
+    t.launched.clear();
+    t.list_items.clear();
+    t.fresh.clear();
+    ThreadRun& run = thread_run();
+    if (!run.keep_alive.empty()) {
+      record_instead(run.keep_alive);  // (begin_op failed after choosing to keep alive)
+    }
+  }
+  --t.level;
+}
+
+}  // namespace
+
+at::CallbackHandle add_observer() {
+  return at::addGlobalCallback(at::RecordFunctionCallback(&on_start, &on_end)
+                                   .needsInputs(true)
+                                   .needsOutputs(true)
+                                   .scopes({at::RecordScope::FUNCTION}));
+}
+
+void reset_observer_thread_after_fork() {
+  tls.level = 0;
+  tls.active = 0;
+  thread_run().last = Position{};
+  thread_run().keep_alive.clear();
+}
+
+}  // namespace detail
+}  // namespace tracking
+}  // namespace torch_pipeline

@@ -1,0 +1,127 @@
+// Internal to the tracker (csrc/runtime/tracking/*.cpp only). Holds the state of one live period
+// (LiveState: streams, storages, the core DependencyTracker, under one lock) and the process-wide
+// switches and counters the op path reads without a lock. Every room of the tracker may touch
+// these; each room's header says which parts of LiveState it owns.
+//
+// The rooms (one responsibility each):
+//   state.cpp       this state, its reset, the fork handler, stats()
+//   life.cpp        going live / idle (core::LiveSwitch), pipeline counts, the callback
+//   observer.*      the RecordFunction callbacks and their per-thread state
+//   launch.*        an op's launch on its streams and its end (the path observer and tp.track share)
+//   streams.*       the stream log: positions, events, settled; baseline and barrier; external waits
+//   storages.*      the storage table: entries, young outputs, sweep
+//   keep_alive.*    allocator safety: keep alive or record_stream, polling
+//   pins.*          tensors pinned by tasks (TaskPins)
+//   host_watch.*    CPU memory of non_blocking copies
+//   collectives.cpp async collectives (work_waited)
+//   track_scope.cpp tp.track (TrackScope)
+#pragma once
+
+#include "../tracking.h"
+
+#include "../../core/dependency_tracker.h"
+#include "../../core/keep_alive_queue.h"
+#include "../../core/storage_table.h"
+#include "../../core/stream_log.h"
+
+#include <c10/core/Event.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace torch_pipeline {
+namespace tracking {
+namespace detail {
+
+using core::Position;
+using core::StorageId;
+using core::StreamId;
+using PinPtr = std::shared_ptr<TaskPins::State>;
+
+// ---- process-wide switches and counters (lock-free reads on the op path) ----------------------
+extern std::atomic<bool> g_live;        // ops are tracked (set after going live, cleared first
+                                        // when going idle)
+extern std::atomic<bool> g_observing;   // the callback installed is this process's (not a
+                                        // forked child's copy of the parent's)
+extern std::atomic<bool> g_enabled;
+extern std::atomic<int64_t> g_pipelines;   // non-default pipelines alive
+extern std::atomic<int64_t> g_pins;        // TaskPins with tensors, not released
+extern std::atomic<int64_t> g_host_watch;  // watched CPU storages, not swept
+
+struct Counters {
+  std::atomic<uint64_t> ops{0}, launches{0}, waits{0}, events{0}, host_waits{0},
+      record_streams{0}, pin_waits{0}, keep_alives{0}, released{0};
+};
+extern Counters g_counters;
+inline void count(std::atomic<uint64_t>& c, uint64_t n = 1) {
+  c.fetch_add(n, std::memory_order_relaxed);
+}
+
+// The host timelines (CPU ops on watched memory): one per thread, ids -1, -2, ...
+StreamId host_stream();
+inline bool is_host(StreamId id) {
+  return id < 0;
+}
+
+// ---- one live period ------------------------------------------------------------------------
+struct StreamEntry {  // (streams.*; `kept` belongs to keep_alive.*)
+  StreamEntry(StreamId i, const c10::Stream& s) : id(i), stream(s) {}
+  StreamId id;
+  c10::Stream stream;
+  core::StreamLog<std::shared_ptr<c10::Event>> log;
+  core::KeepAliveQueue<c10::Storage> kept;  // storages of other streams used here
+};
+
+struct StorageData {  // the runtime's fields of a storage entry
+  bool host_watched = false;  // a CPU storage an async copy touched (host_watch.*)
+  std::vector<PinPtr> pins;   // tasks pinning it (pins.*)
+};
+using StorageTable = core::StorageTable<const c10::StorageImpl*,
+                                        c10::weak_intrusive_ptr<c10::StorageImpl>, StorageData>;
+using StorageEntry = StorageTable::Entry;
+
+struct LiveState {
+  LiveState();
+  std::mutex mutex;
+  uint64_t period = 1;  // the live period: bumped by every reset; positions of another are void
+  std::unique_ptr<core::DependencyTracker> tracker;
+  // streams.*
+  std::unordered_map<c10::Stream, std::unique_ptr<StreamEntry>> streams;
+  std::unordered_map<StreamId, StreamEntry*> by_id;
+  StreamId next_stream = 1;
+  // Go-live baseline: the streams current then; each stream seen for the first time waits once
+  // for the baseline event of its device.
+  std::vector<std::pair<c10::Stream, c10::Event>> baseline;
+  // storages.*
+  StorageTable storages;
+  // keep_alive.*
+  size_t kept_alive = 0;  // storages kept alive, all streams
+  size_t launches_since_poll = 0;
+  // collectives.cpp: async collectives not waited for yet, their Work and the tensors they write.
+  std::deque<std::pair<const void*, std::vector<at::Tensor>>> async_works;
+};
+
+// The state of the current live period (replaced in a forked child).
+LiveState& state();
+// In a forked child: a new state (the old one and its lock are leaked), in a later period.
+void replace_state_after_fork();
+// Starts a new live period: everything of the old one is dropped.
+void reset_locked(LiveState& st);
+
+// An access of an op: a tensor (with storage and data) and whether it is written.
+struct Access {
+  const at::Tensor* tensor;
+  bool write;
+};
+bool has_data(const at::Tensor& t);
+
+}  // namespace detail
+}  // namespace tracking
+}  // namespace torch_pipeline

@@ -1,0 +1,47 @@
+// The storage table room (see storages.h): c10 storages in core::StorageTable, keyed by their
+// StorageImpl address and kept unique by a weak reference. Touches LiveState::storages, and
+// LiveState::tracker and g_host_watch for dead entries.
+#include "storages.h"
+
+namespace torch_pipeline {
+namespace tracking {
+namespace detail {
+
+StorageEntry& acquire_storage_locked(LiveState& st, const c10::Storage& storage) {
+  return st.storages.acquire(storage.unsafeGetStorageImpl(),
+                             [&] { return storage.getWeakStorageImpl(); });
+}
+
+StorageEntry* find_storage_locked(LiveState& st, const c10::StorageImpl* key) {
+  return st.storages.find(key);
+}
+
+void add_young_locked(LiveState& st, const c10::Storage& storage, Position definition) {
+  st.storages.add_young(storage.unsafeGetStorageImpl(),
+                        [&] { return storage.getWeakStorageImpl(); }, definition);
+}
+
+void define_pending_locked(LiveState& st, StorageEntry& e) {
+  if (e.pending_definition.seq != 0) {
+    st.tracker->define(e.pending_definition, {e.id});
+    e.pending_definition = Position{};
+  }
+}
+
+void forget_dead_locked(LiveState& st, std::vector<StorageEntry>& dead) {
+  std::vector<StorageId> ids;
+  ids.reserve(dead.size());
+  int64_t watched = 0;
+  for (const StorageEntry& e : dead) {
+    ids.push_back(e.id);
+    watched += e.data.host_watched ? 1 : 0;
+  }
+  if (watched != 0) {
+    g_host_watch.fetch_sub(watched, std::memory_order_relaxed);
+  }
+  st.tracker->forget(ids);
+}
+
+}  // namespace detail
+}  // namespace tracking
+}  // namespace torch_pipeline

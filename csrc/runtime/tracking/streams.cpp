@@ -1,0 +1,147 @@
+// The stream log room (see streams.h): positions and events per c10 stream, the baseline and the
+// barrier of a live period, and external waits. Touches the stream parts of LiveState.
+#include "streams.h"
+
+#include "../devices.h"
+
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <algorithm>
+
+namespace torch_pipeline {
+namespace tracking {
+namespace detail {
+
+namespace {
+const c10::impl::DeviceGuardImplInterface* guard_impl(c10::DeviceType type) {
+  return c10::impl::getDeviceGuardImpl(type);
+}
+}  // namespace
+
+StreamEntry& acquire_stream_locked(LiveState& st, const c10::Stream& s) {
+  auto it = st.streams.find(s);
+  if (it != st.streams.end()) {
+    return *it->second;
+  }
+  auto entry = std::make_unique<StreamEntry>(st.next_stream++, s);
+  for (const auto& [from, event] : st.baseline) {
+    if (from.device() == s.device() && from != s) {
+      event.block(s);
+      count(g_counters.waits);
+    }
+  }
+  StreamEntry& out = *entry;
+  st.by_id.emplace(out.id, entry.get());
+  st.streams.emplace(s, std::move(entry));
+  return out;
+}
+
+StreamEntry* find_stream_locked(LiveState& st, StreamId id) {
+  const auto it = st.by_id.find(id);
+  return it == st.by_id.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<c10::Event> event_at_locked(LiveState& st, const Position& p) {
+  StreamEntry& e = *st.by_id.at(p.stream);
+  if (const auto* kept = e.log.event_at(p.seq)) {
+    return kept->second;
+  }
+  // Not kept: the thread that launched p is still on that stream (or p is that old). Not kept
+  // either, since a position launched there by another thread may still be mid-launch.
+  auto ev = std::make_shared<c10::Event>(e.stream.device_type());
+  ev->record(e.stream);
+  count(g_counters.events);
+  return ev;
+}
+
+void record_locked(LiveState& st, StreamId id, uint64_t seq) {
+  StreamEntry& e = *st.by_id.at(id);
+  const uint64_t label = e.log.label_for(seq);
+  if (label == 0) {
+    return;
+  }
+  std::shared_ptr<c10::Event> ev;
+  if (auto dropped = e.log.make_room(); dropped && dropped->use_count() == 1) {
+    ev = std::move(*dropped);  // re-recorded: nobody holds it
+  }
+  if (!ev) {
+    ev = std::make_shared<c10::Event>(e.stream.device_type());
+  }
+  ev->record(e.stream);
+  e.log.keep(label, std::move(ev));
+  count(g_counters.events);
+}
+
+void record_baseline_locked(LiveState& st) {
+  for (const c10::Device& d : initialized_accelerator_devices()) {
+    const auto* impl = guard_impl(d.type());
+    for (const c10::Stream& s : {impl->getStream(d), impl->getDefaultStream(d)}) {
+      const bool seen = std::any_of(st.baseline.begin(), st.baseline.end(),
+                                    [&](const auto& b) { return b.first == s; });
+      if (!seen) {
+        st.baseline.emplace_back(s, c10::Event(d.type()));
+        st.baseline.back().second.record(s);
+      }
+    }
+  }
+}
+
+void barrier_locked(LiveState& st) {
+  std::vector<std::pair<c10::Stream, c10::Event>> ends;
+  std::vector<c10::Stream> waiters;
+  for (const auto& [stream, entry] : st.streams) {
+    ends.emplace_back(stream, c10::Event(stream.device_type()));
+    ends.back().second.record(stream);
+    waiters.push_back(stream);
+    const auto* impl = guard_impl(stream.device_type());
+    for (const c10::Stream& s : {impl->getDefaultStream(stream.device()),
+                                 impl->getStream(stream.device())}) {
+      if (std::find(waiters.begin(), waiters.end(), s) == waiters.end()) {
+        waiters.push_back(s);
+      }
+    }
+  }
+  for (const c10::Stream& stream : waiters) {
+    for (const auto& [from, event] : ends) {
+      if (from != stream && from.device() == stream.device()) {
+        event.block(stream);
+      }
+    }
+  }
+}
+
+}  // namespace detail
+
+// ---- external waits ------------------------------------------------------------------------------
+Mark mark(const c10::Stream& stream) {
+  using namespace detail;
+  if (!live()) {
+    return Mark{};
+  }
+  LiveState& st = state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  const auto it = st.streams.find(stream);
+  if (it == st.streams.end()) {
+    return Mark{};  // nothing tracked there in this period
+  }
+  return Mark{st.period, it->second->id, it->second->log.settled()};
+}
+
+void waited(const c10::Stream& waiter, const Mark& m) {
+  using namespace detail;
+  if (m.seq == 0 || !live()) {
+    return;
+  }
+  LiveState& st = state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  if (st.period != m.period) {
+    return;
+  }
+  StreamEntry& w = acquire_stream_locked(st, waiter);
+  if (w.id != m.stream) {
+    st.tracker->waited(w.id, Position{m.stream, m.seq});
+  }
+}
+
+}  // namespace tracking
+}  // namespace torch_pipeline

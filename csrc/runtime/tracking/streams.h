@@ -1,0 +1,34 @@
+// Internal to the tracker. The stream log room: binds core::StreamLog to c10 streams and events
+// (positions handed out, settled, events kept by position), the go-live baseline, the go-idle
+// barrier, and external waits (tracking::mark / tracking::waited). Touches LiveState::streams,
+// by_id, next_stream, baseline, and LiveState::tracker for external waits. Callers of *_locked
+// hold LiveState::mutex.
+#pragma once
+
+#include "state.h"
+
+#include <memory>
+
+namespace torch_pipeline {
+namespace tracking {
+namespace detail {
+
+// The entry of `stream`, created on its first use in the period (it then waits for the baseline).
+StreamEntry& acquire_stream_locked(LiveState& st, const c10::Stream& stream);
+// The entry of stream `id`; nullptr if unknown.
+StreamEntry* find_stream_locked(LiveState& st, StreamId id);
+// An event recorded after position `p`: the first kept at or after it, else one recorded now.
+std::shared_ptr<c10::Event> event_at_locked(LiveState& st, const Position& p);
+// Records (and keeps) an event after position `seq` of stream `id`, lowered below positions
+// other threads are still launching; nothing if one is kept there already.
+void record_locked(LiveState& st, StreamId id, uint64_t seq);
+// Going live: events on the current and default streams of every device, which each stream
+// waits for at its first use in the period.
+void record_baseline_locked(LiveState& st);
+// Going idle: every tracked stream, and each device's default and this thread's current stream,
+// waits for all tracked work of its device.
+void barrier_locked(LiveState& st);
+
+}  // namespace detail
+}  // namespace tracking
+}  // namespace torch_pipeline

@@ -1,0 +1,258 @@
+"""The tracker's own bookkeeping, on the sim device: bounded storage state over a long live period,
+external waits (PipelineEvent.wait, task syncs) told to the tracker, going live and idle from many
+threads at once, and fork while another thread is tracking.
+
+Runs in a child process of its own (see _sim_child.py): enabling sim is process-wide.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import time
+from typing import Dict, Iterator
+
+import pytest
+import torch
+
+from _sim_child import IN_CHILD, install_proxies
+
+if IN_CHILD:
+    import torch_pipeline as tp
+    import torch_pipeline.sim as sim
+    from torch_pipeline import _C
+
+N = 256
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _sim_enabled() -> Iterator[None]:
+    if IN_CHILD:
+        sim.enable(num_devices=1)
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state() -> Iterator[None]:
+    if not IN_CHILD:
+        yield
+        return
+    gc.collect()
+    sim.synchronize(0)
+    sim.clear_races()
+    sim.set_strict(True)
+    yield
+    sim.set_strict(False)
+    gc.collect()
+    sim.synchronize(0)
+
+
+def stats() -> Dict[str, int]:
+    return dict(_C._tracking_stats())
+
+
+@pytest.fixture
+def exact_waits() -> Iterator[None]:
+    """Counting waits: with record_stream no poll tells the tracker that work completed."""
+    _C._set_allocator_safety("record_stream")
+    yield
+    _C._set_allocator_safety("keep_alive")
+
+
+# ---- bounded state --------------------------------------------------------------------------------
+def test_storage_entries_stay_bounded_over_a_long_live_period() -> None:
+    """Each iteration makes a storage on p's stream, uses it on the default stream (an entry) and
+    drops it. The entries must stay within a constant of the live storages (a sweep that kept one
+    entry used to stop all later sweeps: ~19,000 entries)."""
+    p = tp.Pipeline()
+    x = torch.ones(N, device="sim:0")
+    most = 0
+    for i in range(20_000):
+        with tp.pipeline(p):
+            y = x * 2
+        z = y + 1
+        del y, z
+        if i % 1000 == 999:
+            most = max(most, stats()["storages"])
+    assert most <= 2 * 1024 + 64 + 16, f"{most} storages tracked for a handful alive"
+    assert sim.races() == []
+    del p
+
+
+# ---- external waits ---------------------------------------------------------------------------------
+def test_an_event_wait_is_told_to_the_tracker(exact_waits: None) -> None:
+    pa, pb = tp.Pipeline(), tp.Pipeline()
+    x = torch.ones(N, device="sim:0")
+    with tp.pipeline(pa):
+        warm_a = x * 1  # both streams known to the tracker (their first use waits for the baseline)
+    with tp.pipeline(pb):
+        warm_b = x * 1
+    with tp.pipeline(pa):
+        y = x + 1  # written on pa's stream
+        y2 = x + 2
+    e = pa.record_event()
+    pb.wait_event(e)
+    before = stats()["waits"]
+    with tp.pipeline(pb):
+        z = y * 2  # ordered by the event wait already: no further wait
+    assert stats()["waits"] == before, "the tracker inserted a wait the event wait implied"
+    with tp.pipeline(pa):
+        y3 = x + 3  # after the event
+    with tp.pipeline(pb):
+        z3 = y3 * 2  # not implied: waits
+    assert stats()["waits"] == before + 1
+    assert torch.equal(z.cpu(), torch.full((N,), 4.0))
+    assert torch.equal(z3.cpu(), torch.full((N,), 8.0))
+    assert sim.races() == []
+    del warm_a, warm_b, y2
+
+
+def test_task_syncs_are_told_to_the_tracker(exact_waits: None) -> None:
+    p = tp.Pipeline()
+    x = torch.ones(N, device="sim:0")
+    with tp.pipeline(p):
+        warm = x * 1
+    warm_default = x * 1
+    y = x + 1  # written on the default stream
+    before = stats()["waits"]
+    # The task's stream waits for the submitter's position (reported): reading y there needs no
+    # wait; future.wait() makes the default stream wait for the task (reported): reading the
+    # task's output there needs none either.
+    out = p.submit(lambda t: t * 2, y).wait()
+    r = out + 1
+    assert stats()["waits"] == before, "the tracker inserted waits the task syncs implied"
+    assert torch.equal(r.cpu(), torch.full((N,), 5.0))
+    assert sim.races() == []
+    del warm, warm_default
+
+
+# ---- live / idle from many threads ------------------------------------------------------------------
+def test_concurrent_pipeline_creation_and_destruction_ends_live_iff_one_is_alive() -> None:
+    gc.collect()
+    assert not stats()["live"]
+    x = torch.ones(N, device="sim:0")
+    errors = []
+
+    def churn(seed: int) -> None:
+        try:
+            for i in range(40):
+                p = tp.Pipeline()
+                assert stats()["live"], "a pipeline is alive but tracking is not live"
+                with tp.pipeline(p):
+                    y = x * seed
+                if i % 4 == 0:
+                    p.submit(lambda t: t + 1, y).wait()  # pins released on the worker thread
+                z = y + 1
+                del p, y, z
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=churn, args=(s,)) for s in range(1, 5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+        assert not t.is_alive(), "deadlock"
+    assert errors == []
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while stats()["live"] and time.monotonic() < deadline:
+        time.sleep(0.01)  # (a task's end may still be switching)
+    assert not stats()["live"]
+    keep = tp.Pipeline()
+    assert stats()["live"]
+    del keep
+    gc.collect()
+    assert not stats()["live"]
+    assert sim.races() == []
+
+
+# ---- fork -------------------------------------------------------------------------------------------
+# In a fresh process without the sim device: the sim's own locks are not reset in a forked child, so
+# a child could block on one a parent's thread held (the tracker is what this test is about). The
+# parent's second thread makes pipelines come and go (tracking goes live and idle over and over)
+# and submits tasks that pin CPU tensors, whose writes take the tracker's locks, while the main
+# thread forks; each child must start idle, go live with its own pipeline, track, go idle, exit 0.
+_FORK_PROGRAM = r"""
+import gc, os, signal, sys, threading, time
+import torch
+import torch_pipeline as tp
+from torch_pipeline import _C
+
+def live():
+    return _C._tracking_stats()["live"]
+
+stop = threading.Event()
+
+def work():
+    x = torch.ones(64)
+    while not stop.is_set():
+        p = tp.Pipeline()
+        f = p.submit(lambda t: t.sum(), x)
+        x.add_(1)  # a write to a pinned tensor: waits for the task, through the tracker
+        f.wait()
+        del p, f
+
+def child():
+    if live():
+        return 2
+    p = tp.Pipeline()
+    if not live():
+        return 3
+    a = torch.ones(64)
+    f = p.submit(lambda t: t * 2, a)
+    a.mul_(3)
+    if not torch.equal(f.wait(), torch.full((64,), 2.0)):
+        return 4
+    del p, f
+    gc.collect()
+    if live():
+        return 5
+    return 0
+
+def wait_child(pid, timeout_s):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.002)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return -999
+
+worker = threading.Thread(target=work)
+worker.start()
+codes = []
+try:
+    for i in range(int(sys.argv[1])):
+        time.sleep(0.001 * (i % 3))
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = child()
+            finally:
+                os._exit(code)
+        codes.append(wait_child(pid, 20.0))
+finally:
+    stop.set()
+    worker.join()
+print(codes)
+sys.exit(0 if codes == [0] * len(codes) else 1)
+"""
+
+
+def test_fork_while_another_thread_tracks() -> None:
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    env.pop("TORCH_PIPELINE_SIM_TEST_CHILD", None)
+    result = subprocess.run([sys.executable, "-c", _FORK_PROGRAM, "40"], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, (
+        f"child exit codes (-999: timed out): {result.stdout[-2000:]} {result.stderr[-2000:]}")
+
+
+install_proxies(globals(), __file__)
