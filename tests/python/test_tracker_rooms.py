@@ -170,9 +170,11 @@ def test_concurrent_pipeline_creation_and_destruction_ends_live_iff_one_is_alive
 # ---- fork -------------------------------------------------------------------------------------------
 # In a fresh process without the sim device: the sim's own locks are not reset in a forked child, so
 # a child could block on one a parent's thread held (the tracker is what this test is about). The
-# parent's second thread makes pipelines come and go (tracking goes live and idle over and over)
-# and submits tasks that pin CPU tensors, whose writes take the tracker's locks, while the main
-# thread forks; each child must start idle, go live with its own pipeline, track, go idle, exit 0.
+# parent's second thread keeps a pipeline alive (tracking live; no callback changes: a fork while a
+# thread takes torch's callback-registry lock, as every thread does once after a change, hangs the
+# child in torch) and submits tasks that pin CPU tensors, whose writes take the tracker's locks,
+# while the main thread forks; each child must start idle (the parent's pipelines do not count),
+# go live with its own pipeline, track, go idle and exit 0.
 _FORK_PROGRAM = r"""
 import gc, os, signal, sys, threading, time
 import torch
@@ -186,12 +188,15 @@ stop = threading.Event()
 
 def work():
     x = torch.ones(64)
+    p = tp.Pipeline()
     while not stop.is_set():
-        p = tp.Pipeline()
         f = p.submit(lambda t: t.sum(), x)
         x.add_(1)  # a write to a pinned tensor: waits for the task, through the tracker
         f.wait()
-        del p, f
+        with tp.pipeline(p):
+            y = x * 2
+        del f, y
+    del p
 
 def child():
     if live():
@@ -223,6 +228,8 @@ def wait_child(pid, timeout_s):
 
 worker = threading.Thread(target=work)
 worker.start()
+while not live():
+    time.sleep(0.001)
 codes = []
 try:
     for i in range(int(sys.argv[1])):

@@ -16,6 +16,7 @@
 
 #include <pthread.h>
 
+#include <mutex>
 #include <optional>
 
 namespace torch_pipeline {
@@ -31,6 +32,10 @@ std::optional<at::CallbackHandle> g_callback;
 // adopts it instead of adding another (until then on_start ignores it: g_observing is false).
 std::optional<at::CallbackHandle> g_parent_callback;
 std::atomic<uint64_t> g_fork_generation{0};
+// Held around adding and removing the callback, and by fork() from its prepare handler to its
+// parent/child handlers: a fork never copies torch's callback registry lock held by our switch
+// (every op of the child would block on it).
+std::mutex g_registering;
 
 void go_live() {
   (void)keeping_alive();  // reads TORCH_PIPELINE_ALLOCATOR_SAFETY: a bad value raises here
@@ -40,6 +45,7 @@ void go_live() {
     g_callback = g_parent_callback;  // (a forked child: the parent's is still registered)
     g_parent_callback.reset();
   } else {
+    std::lock_guard<std::mutex> registering(g_registering);
     g_callback = add_observer();
   }
   g_observing.store(true, std::memory_order_release);
@@ -72,6 +78,7 @@ void go_idle() {
     ev->synchronize();
   }
   if (g_callback.has_value()) {
+    std::lock_guard<std::mutex> registering(g_registering);
     at::removeCallback(*g_callback);
     g_callback.reset();
   }
@@ -99,7 +106,16 @@ core::LiveSwitch& live_switch() {
 // may have held the tracker's locks): new state and locks, nothing live, no pipelines or pins
 // (the parent's pipelines and tasks are left be in a child: see Runtime::current_generation),
 // the parent's callback forgotten until the next switch.
+void before_fork() {
+  g_registering.lock();  // (a switch in progress finishes adding or removing the callback first)
+}
+
+void after_fork_in_parent() {
+  g_registering.unlock();
+}
+
 void after_fork_in_child() {
+  g_registering.unlock();  // (locked by this thread, before the fork)
   g_fork_generation.fetch_add(1);
   g_live.store(false);
   g_observing.store(false);
@@ -117,7 +133,7 @@ void after_fork_in_child() {
 }
 
 struct ForkHandler {
-  ForkHandler() { pthread_atfork(nullptr, nullptr, &after_fork_in_child); }
+  ForkHandler() { pthread_atfork(&before_fork, &after_fork_in_parent, &after_fork_in_child); }
 } fork_handler;
 
 }  // namespace
