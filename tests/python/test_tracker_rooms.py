@@ -167,6 +167,32 @@ def test_concurrent_pipeline_creation_and_destruction_ends_live_iff_one_is_alive
     assert sim.races() == []
 
 
+# ---- settings -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("value, expected", [("hold", "keep_alive"), ("record_stream", "record_stream"),
+                                             ("bogus", "ValueError")])
+def test_allocator_safety_is_read_on_first_use(value: str, expected: str) -> None:
+    """TORCH_PIPELINE_ALLOCATOR_SAFETY is read when tracking first goes live ("hold" is the old
+    name of keep_alive); a bad value raises ValueError naming the variable there, not at import."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TORCH_PIPELINE_ALLOCATOR_SAFETY=value)
+    env.pop("TORCH_PIPELINE_SIM_TEST_CHILD", None)
+    program = (
+        "import torch_pipeline as tp\n"
+        "from torch_pipeline import _C\n"
+        "try:\n"
+        "    p = tp.Pipeline()\n"
+        "    print(_C._allocator_safety())\n"
+        "except ValueError as e:\n"
+        "    assert 'TORCH_PIPELINE_ALLOCATOR_SAFETY' in str(e), e\n"
+        "    print('ValueError')\n")
+    out = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == expected
+
+
 # ---- fork -------------------------------------------------------------------------------------------
 # In a fresh process without the sim device: the sim's own locks are not reset in a forked child, so
 # a child could block on one a parent's thread held (the tracker is what this test is about). The
