@@ -51,15 +51,15 @@ bool live();
 void set_enabled(bool enabled);
 bool enabled();
 
-// Allocator safety (docs/design.md §4): a storage used on a stream other than its allocation stream is
-// kept from reuse until that use completes, either by keeping a reference until an event after the
-// use has completed (kKeepAlive, the default; polled every few device launches and after synchronize:
-// the memory returns once the use is done, however deep the using stream's queue is, as
-// ProcessGroupNCCL's tensor stashing does) or by the caching allocator's record_stream
-// (kRecordStream: when the storage is freed the allocator records an event on the using stream
-// and reuses the block once all the work queued there then has completed). bench/bench_allocator.py
-// compares them; README.md says why keeping alive is the default. Storages whose allocation stream is
-// unknown (made before tracking went live, or outside any op) always use record_stream.
+// Allocator safety (docs/design.md §4): a storage used on a stream other than its allocation stream
+// is kept from reuse until that use completes, either by keeping a reference until an event after
+// the use has completed (kKeepAlive, the default; polled every few device launches and after
+// synchronize: the memory returns once the use is done, however deep the using stream's queue is,
+// as ProcessGroupNCCL's tensor stashing does) or by the caching allocator's record_stream
+// (kRecordStream: when the storage is freed the allocator records an event on the using stream and
+// reuses the block once all the work queued there then has completed). bench/bench_allocator.py
+// compares them; README.md says why keeping alive is the default. Storages whose allocation stream
+// is unknown (made before tracking went live, or outside any op) always use record_stream.
 // TORCH_PIPELINE_ALLOCATOR_SAFETY=keep_alive|record_stream sets the initial mode (read on first
 // use; "hold" is accepted as an old name of keep_alive).
 enum class AllocatorSafety { kKeepAlive, kRecordStream };
@@ -145,8 +145,8 @@ class TrackScope {
   std::vector<PendingKeepAlive> keep_alive_;  // kept alive from the end of the scope, like an op's
 };
 
-// The tensors of a submitted task (docs/design.md §3): until release(), a write to their storages from
-// a thread other than the task's worker thread waits for release(). Keeps tracking live.
+// The tensors of a submitted task (docs/design.md §3): until release(), a write to their storages
+// from a thread other than the task's worker thread waits for release(). Keeps tracking live.
 class TaskPins {
  public:
   TaskPins(const std::vector<at::Tensor>& tensors, int worker_id);
