@@ -316,22 +316,30 @@ StorageEntry* find_storage_locked(LiveState& st, const c10::StorageImpl* key) {
   return it->second.weak.expired() ? nullptr : &it->second;
 }
 
-// An event recorded after position p of its stream: the first kept at or after p (a later one
-// is an over-wait, which is safe), else one recorded now (covering everything launched there).
-std::shared_ptr<c10::Event> event_at_locked(LiveState& st, const Position& p) {
+uint64_t settled(const StreamEntry& e);  // (below)
+
+// An event recorded after position p of its stream, and how far it reaches there: the first kept
+// at or after p (recorded when every position up to its label had finished launching: it reaches
+// p's whole prefix; a later one is an over-wait, which is safe), else one recorded now. One
+// recorded now covers every op enqueued there so far, p's included, but not a lower position that
+// another thread is still launching: it reaches only the settled prefix (and p itself, which the
+// tracker credits through p's clock).
+struct Reach {
+  std::shared_ptr<c10::Event> event;
+  uint64_t reach;
+};
+Reach event_at_locked(LiveState& st, const Position& p) {
   StreamEntry& e = *st.by_id.at(p.stream);
   const auto it = std::lower_bound(
       e.events.begin(), e.events.end(), p.seq,
       [](const auto& entry, uint64_t seq) { return entry.first < seq; });
   if (it != e.events.end()) {
-    return it->second;
+    return Reach{it->second, p.seq};
   }
-  // Not kept: the thread that launched p is still on that stream (or p is that old). Not kept
-  // either, since a position launched there by another thread may still be mid-launch.
   auto ev = std::make_shared<c10::Event>(e.stream.device_type());
   ev->record(e.stream);
   g_counters.events.fetch_add(1, std::memory_order_relaxed);
-  return ev;
+  return Reach{std::move(ev), std::min(p.seq, settled(e))};
 }
 
 // The latest position of `e` that every position up to has finished launching.
@@ -497,6 +505,7 @@ struct Tls {
   std::vector<Access> scratch;
   std::vector<at::Tensor> fresh;
   std::vector<c10::Device> devices;
+  std::vector<std::shared_ptr<c10::Event>> wait_events;  // the events a launch waits on
   // The position of this thread's last op, if its event is not recorded yet (recorded when the
   // thread launches on another stream: the end of its run of ops on that stream).
   Position last;
@@ -587,7 +596,8 @@ void wait_for_holds(const std::vector<Access>& accesses) {
 void host_access(Tls& t, const std::vector<Access>& cpu) {
   LiveState& st = *g_state;
   std::vector<std::shared_ptr<c10::Event>> events;
-  std::vector<Position> waits;
+  std::vector<Position> waits;    // the device waits, and how far each event reaches
+  std::vector<uint64_t> reaches;
   uint64_t epoch = 0;
   Position position;
   {
@@ -606,13 +616,21 @@ void host_access(Tls& t, const std::vector<Access>& cpu) {
     if (reads.empty() && writes.empty()) {
       return;
     }
-    auto launch = st.tracker->launch(host_stream(), reads, writes);
+    auto launch = st.tracker->launch(host_stream(), reads, writes, [&](const Position& w) {
+      if (is_host(w.stream)) {
+        return w.seq;
+      }
+      Reach r = event_at_locked(st, w);
+      events.push_back(std::move(r.event));
+      reaches.push_back(r.reach);
+      return r.reach;
+    });
+    waits.clear();
     for (const Position& w : launch.waits) {
       if (!is_host(w.stream)) {
-        events.push_back(event_at_locked(st, w));
+        waits.push_back(w);
       }
     }
-    waits = std::move(launch.waits);
     position = launch.position;
     epoch = st.epoch;
   }
@@ -624,8 +642,8 @@ void host_access(Tls& t, const std::vector<Access>& cpu) {
   if (st.epoch != epoch) {
     return;
   }
-  for (const Position& w : waits) {
-    st.tracker->completed(w);
+  for (size_t i = 0; i < waits.size(); ++i) {
+    st.tracker->completed(waits[i], reaches[i]);
   }
   st.tracker->completed(position);  // the CPU op runs now, synchronously
 }
@@ -697,14 +715,22 @@ void device_launch(Tls& t, const std::vector<Access>& accesses, bool async,
       (a.write ? writes : reads).push_back(e.id);
     }
     end_run_locked(t, st, se.id);
-    const auto launch = st.tracker->launch(se.id, reads, writes);
+    auto& wait_events = t.wait_events;
+    wait_events.clear();
+    const auto launch = st.tracker->launch(se.id, reads, writes, [&](const Position& w) {
+      if (is_host(w.stream)) {  // (a host op of another thread still synchronizing: racy)
+        return w.seq;
+      }
+      Reach r = event_at_locked(st, w);
+      wait_events.push_back(std::move(r.event));
+      return r.reach;
+    });
     se.launched = launch.position.seq;
     se.in_flight.push_back(launch.position.seq);  // until finish()
-    for (const Position& w : launch.waits) {
-      if (!is_host(w.stream)) {  // (a host op of another thread still synchronizing: racy)
-        event_at_locked(st, w)->block(stream);
-      }
+    for (const auto& ev : wait_events) {
+      ev->block(stream);
     }
+    wait_events.clear();
     g_counters.launches.fetch_add(1, std::memory_order_relaxed);
     g_counters.waits.fetch_add(launch.waits.size(), std::memory_order_relaxed);
     groups.push_back(Group{device, stream, se.id, launch.position.seq});
