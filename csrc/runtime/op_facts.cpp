@@ -3,6 +3,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/function_schema.h>
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -139,6 +141,14 @@ const OpFacts& unknown_facts() {
 // The lock is a leaf: nothing else is taken while it is held (schemas are read outside it).
 std::mutex g_mutex;
 auto* g_facts = new std::unordered_map<c10::OperatorName, std::unique_ptr<OpFacts>>();
+
+// fork() while another thread holds g_mutex would leave it locked in the child forever: the
+// forking thread takes it around fork, so the map is consistent and the lock free on both sides.
+struct ForkHandlers {
+  ForkHandlers() {
+    pthread_atfork([] { g_mutex.lock(); }, [] { g_mutex.unlock(); }, [] { g_mutex.unlock(); });
+  }
+} fork_handlers;
 
 const OpFacts* find(const c10::OperatorName& name) {
   std::lock_guard<std::mutex> lock(g_mutex);

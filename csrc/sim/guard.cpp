@@ -1,6 +1,7 @@
 // Events and the DeviceGuardImpl of the sim device: c10's interface to its devices, streams and
 // events. An event is a snapshot of a stream's vector clock (race_checker.h).
 #include "allocator.h"
+#include "fork.h"
 #include "state.h"
 
 #include <c10/util/Exception.h>
@@ -13,8 +14,12 @@ namespace torch_pipeline {
 namespace sim {
 namespace {
 
-// An event's state. record() may run on one thread while block/synchronize/query read it on
-// another (torch allows that, as CUDA does): the fields are guarded by `mutex`.
+// Guards the state of every event. record() may run on one thread while block/synchronize/query
+// read the event on another (torch allows that, as CUDA does). One lock for all events (held for a
+// copy of a clock), so that fork() can take it (fork.h).
+std::mutex g_events_mutex;
+
+// An event's state (guarded by g_events_mutex).
 struct SimEvent {
   struct Recorded {
     VectorClock clock;
@@ -26,18 +31,18 @@ struct SimEvent {
   explicit SimEvent(bool timing) : timing(timing) {}
 
   Recorded get() const {
-    std::lock_guard<std::mutex> lock(mutex);
+    std::lock_guard<std::mutex> lock(g_events_mutex);
     return state;
   }
 
   void set(Recorded r) {
-    std::lock_guard<std::mutex> lock(mutex);
+    std::lock_guard<std::mutex> lock(g_events_mutex);
     state = std::move(r);
   }
 
   // The clock to wait for, if recorded.
   std::optional<VectorClock> clock() const {
-    std::lock_guard<std::mutex> lock(mutex);
+    std::lock_guard<std::mutex> lock(g_events_mutex);
     if (!state.recorded) {
       return std::nullopt;
     }
@@ -47,7 +52,6 @@ struct SimEvent {
   const bool timing;
 
  private:
-  mutable std::mutex mutex;
   Recorded state;
 };
 
@@ -189,6 +193,14 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
 const c10::impl::DeviceGuardImplInterface* make_guard_impl() {
   return new SimGuardImpl();
+}
+
+void lock_events_for_fork() {
+  g_events_mutex.lock();
+}
+
+void unlock_events_after_fork() {
+  g_events_mutex.unlock();
 }
 
 }  // namespace sim

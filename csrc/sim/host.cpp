@@ -1,6 +1,7 @@
 #include "host.h"
 
 #include "allocator.h"
+#include "fork.h"
 #include "ops.h"
 #include "sim.h"
 #include "state.h"
@@ -186,6 +187,14 @@ void forget_async_host_accesses(uintptr_t begin, uintptr_t end) {
 size_t pending_host_accesses() {
   std::lock_guard<std::mutex> lock(g_mutex);
   return g_pending->size();
+}
+
+void lock_host_for_fork() {
+  g_mutex.lock();
+}
+
+void unlock_host_after_fork() {
+  g_mutex.unlock();
 }
 
 SimKernelScope::SimKernelScope() : previous_(tls_in_sim_kernel) {

@@ -93,6 +93,11 @@ class RaceChecker {
 
   std::vector<Race> races() const;
   void clear_races();
+
+  // fork(): the forking thread holds the checker's lock around fork(), so that the child (where
+  // only that thread exists) finds it free and the history consistent. Nothing else in between.
+  void lock_for_fork() const { mutex_.lock(); }
+  void unlock_after_fork() const { mutex_.unlock(); }
   // Number of access records kept (for tests of pruning; bounded by the live conflicting state).
   size_t history_size() const;
 
