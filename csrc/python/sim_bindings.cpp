@@ -71,14 +71,15 @@ py::dict op_facts_dict(const std::string& full_name) {
 std::vector<std::pair<std::string, uintptr_t>> op_facts_observed(const py::function& fn) {
   thread_local std::vector<std::pair<std::string, uintptr_t>>* sink = nullptr;
   std::vector<std::pair<std::string, uintptr_t>> seen;
+  auto observe = [](const at::RecordFunction& rf) -> std::unique_ptr<at::ObserverContext> {
+    const OpFacts& f = op_facts(rf);
+    if (f.known && sink != nullptr) {
+      sink->emplace_back(f.full_name, reinterpret_cast<uintptr_t>(&f));
+    }
+    return nullptr;
+  };
   const at::CallbackHandle handle = at::addThreadLocalCallback(
-      at::RecordFunctionCallback([](const at::RecordFunction& rf) -> std::unique_ptr<at::ObserverContext> {
-        const OpFacts& f = op_facts(rf);
-        if (f.known && sink != nullptr) {
-          sink->emplace_back(f.full_name, reinterpret_cast<uintptr_t>(&f));
-        }
-        return nullptr;
-      }).scopes({at::RecordScope::FUNCTION}));
+      at::RecordFunctionCallback(observe).scopes({at::RecordScope::FUNCTION}));
   struct Scope {  // restores the sink and removes the callback, also when fn() raises
     std::vector<std::pair<std::string, uintptr_t>>* previous;
     at::CallbackHandle handle;
