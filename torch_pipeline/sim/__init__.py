@@ -1,4 +1,4 @@
-"""The sim device: a simulated accelerator that detects stream races (DESIGN.md §5).
+"""The sim device: a simulated accelerator that detects stream races (docs/design.md §5).
 
 PyTorch's PrivateUse1 backend, renamed ``"sim"``, written in C++ (``csrc/sim``): devices
 ``sim:0 .. sim:N-1`` over host memory, an allocator that caches and reuses blocks per stream like
@@ -33,6 +33,7 @@ backward, and a backward on sim after one that ran before enable() fails inside 
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 import threading
 from typing import List, Optional, Sequence, Union
@@ -71,6 +72,15 @@ DeviceLike = Union[torch.device, str, int, None]
 
 _BACKEND = "sim"
 _lock = threading.Lock()
+
+
+def _new_lock_in_child() -> None:
+    # A child forked while another thread held _lock (inside enable()) would find it locked forever.
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 def enable(num_devices: int = 2, strict: bool = False) -> None:
