@@ -262,6 +262,45 @@ def set_stream(stream: torch.Stream) -> None:
     torch.accelerator.set_stream(stream)
 
 
+class device:
+    """Context manager that makes ``device`` the current sim device (like ``torch.cuda.device``).
+
+    Example::
+
+        with torch_pipeline.sim.device(1):
+            x = torch.ones(4, device="sim")   # on sim:1
+    """
+
+    def __init__(self, device: DeviceLike) -> None:
+        self.index = -1 if device is None else _index(device)
+        self.previous = -1
+
+    def __enter__(self) -> None:
+        if self.index >= 0:
+            self.previous = current_device()
+            set_device(self.index)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.index >= 0:
+            set_device(self.previous)
+
+
+def get_amp_supported_dtype() -> List[torch.dtype]:
+    """Data types autocast may use on sim (its kernels are CPU kernels)."""
+    return [torch.bfloat16, torch.float16]
+
+
+def get_rng_state(device: DeviceLike = None) -> torch.Tensor:
+    """Random ops on sim draw from the CPU generator: its state (used by activation
+    checkpointing to replay dropout)."""
+    return torch.get_rng_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device: DeviceLike = None) -> None:
+    """Restores what :func:`get_rng_state` returned."""
+    torch.set_rng_state(new_state)
+
+
 def manual_seed_all(seed: int) -> None:
     """Random ops on sim run their CPU kernels with the CPU generator: torch.manual_seed seeds it."""
 
