@@ -3,7 +3,6 @@
 #include "gil.h"
 
 #include "../runtime/context.h"
-#include "../runtime/devices.h"
 #include "../runtime/runtime.h"
 #include "../runtime/task.h"
 #include "../runtime/tracking.h"
@@ -167,18 +166,6 @@ class PyTask final : public core::Task {
   std::unique_ptr<tracking::TaskPins> hold_;
 };
 
-py::list future_devices() {
-  py::list devices;
-  const auto acc = accelerator();
-  if (acc.has_value()) {
-    const c10::DeviceIndex count = device_count(*acc);
-    for (c10::DeviceIndex i = 0; i < count; ++i) {
-      devices.append(py::cast(c10::Device(*acc, i)));
-    }
-  }
-  return devices;
-}
-
 // The tensors among a task's arguments: direct, or inside lists, tuples and dicts (a few levels
 // deep, as in f(batch), f([a, b]), f(tensors={"x": x})).
 void collect_tensors(py::handle obj, std::vector<at::Tensor>& out, int depth) {
@@ -219,10 +206,10 @@ py::object submit(const PipelinePtr& p, py::object fn, py::tuple args, py::kwarg
   TORCH_INTERNAL_ASSERT(g_future_class != nullptr);
   core::WorkerThread& worker = Runtime::get().worker(p->worker_id());
 
-  py::list devices = future_devices();
-  py::object future = devices.empty()
-      ? py::reinterpret_borrow<py::object>(g_future_class)()
-      : py::reinterpret_borrow<py::object>(g_future_class)(py::arg("devices") = devices);
+  // No devices=...: a device-aware torch future pickles every result to find its tensors (so a
+  // generator, a lambda or a Pipeline could not be returned). TaskFuture.wait() orders the
+  // waiter's streams after the task's through `sync` instead.
+  py::object future = py::reinterpret_borrow<py::object>(g_future_class)();
   auto sync = std::make_shared<TaskSync>(p->worker_id());
   sync->record_submitter_position();
   future.attr("_tp_sync") = py::cast(sync);
