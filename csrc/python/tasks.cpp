@@ -14,6 +14,7 @@
 #include <atomic>
 #include <iostream>
 #include <string>
+#include <unordered_set>
 
 namespace py = pybind11;
 
@@ -166,27 +167,6 @@ class PyTask final : public core::Task {
   std::unique_ptr<tracking::TaskPins> hold_;
 };
 
-// The tensors among a task's arguments: direct, or inside lists, tuples and dicts (a few levels
-// deep, as in f(batch), f([a, b]), f(tensors={"x": x})).
-void collect_tensors(py::handle obj, std::vector<at::Tensor>& out, int depth) {
-  if (THPVariable_Check(obj.ptr())) {
-    out.push_back(THPVariable_Unpack(obj.ptr()));
-    return;
-  }
-  if (depth <= 0) {
-    return;
-  }
-  if (PyList_Check(obj.ptr()) || PyTuple_Check(obj.ptr())) {
-    for (py::handle item : obj) {
-      collect_tensors(item, out, depth - 1);
-    }
-  } else if (PyDict_Check(obj.ptr())) {
-    for (auto item : py::reinterpret_borrow<py::dict>(obj)) {
-      collect_tensors(item.second, out, depth - 1);
-    }
-  }
-}
-
 }  // namespace
 
 void set_future_class(py::object cls) {
@@ -215,15 +195,55 @@ py::object submit(const PipelinePtr& p, py::object fn, py::tuple args, py::kwarg
   future.attr("_tp_sync") = py::cast(sync);
 
   // The task sees its tensors as they are now: later writes from other threads wait for it.
-  std::vector<at::Tensor> tensors;
-  collect_tensors(args, tensors, 3);
-  collect_tensors(kwargs, tensors, 3);
+  std::vector<at::Tensor> tensors = collect_tensors(args);
+  for (at::Tensor& t : collect_tensors(kwargs)) {
+    tensors.push_back(std::move(t));
+  }
   auto hold = std::make_unique<tracking::TaskPins>(tensors, p->worker_id());
 
   auto task = std::make_unique<PyTask>(
       &worker, p, std::move(fn), std::move(args), std::move(kwargs), future, sync, std::move(hold));
   p->note_task(worker.submit(std::move(task)));
   return future;
+}
+
+std::vector<at::Tensor> collect_tensors(py::handle obj) {
+  std::vector<at::Tensor> out;
+  std::unordered_set<PyObject*> seen;  // containers and tensors already walked
+  std::vector<py::object> todo{py::reinterpret_borrow<py::object>(obj)};
+  while (!todo.empty()) {
+    py::object o = std::move(todo.back());
+    todo.pop_back();
+    PyObject* ptr = o.ptr();
+    const bool tensor = THPVariable_Check(ptr);
+    const bool container = PyList_Check(ptr) || PyTuple_Check(ptr) || PyDict_Check(ptr) ||
+                           PyAnySet_Check(ptr);
+    if ((!tensor && !container) || !seen.insert(ptr).second) {
+      continue;
+    }
+    if (tensor) {
+      out.push_back(THPVariable_Unpack(ptr));
+      // A wrapper subclass (DTensor, ...) holds its data in inner tensors.
+      if (!THPVariable_CheckExact(ptr) && py::hasattr(o, "__tensor_flatten__")) {
+        py::tuple flat = o.attr("__tensor_flatten__")();
+        for (py::handle name : flat[0]) {
+          todo.push_back(o.attr(name));
+        }
+      }
+    } else if (PyDict_Check(ptr)) {
+      PyObject *key, *value;
+      Py_ssize_t pos = 0;
+      while (PyDict_Next(ptr, &pos, &key, &value)) {
+        todo.push_back(py::reinterpret_borrow<py::object>(key));
+        todo.push_back(py::reinterpret_borrow<py::object>(value));
+      }
+    } else {
+      for (py::handle item : o) {
+        todo.push_back(py::reinterpret_borrow<py::object>(item));
+      }
+    }
+  }
+  return out;
 }
 
 size_t shutdown(double timeout_s) {

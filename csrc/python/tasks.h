@@ -7,6 +7,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <cstddef>
+#include <vector>
 
 namespace torch_pipeline {
 namespace python {
@@ -20,6 +21,11 @@ void set_future_class(pybind11::object cls);
 // ordering of wait() comes from the task's TaskSync (TaskFuture.wait).
 pybind11::object submit(
     const PipelinePtr& p, pybind11::object fn, pybind11::tuple args, pybind11::kwargs kwargs);
+
+// The tensors a task is given: `obj` itself, or inside lists, tuples (namedtuples), dicts (keys
+// and values) and sets, at any depth (iterative, each container once, so cycles end); tensor
+// subclasses count, and wrapper subclasses also give their inner tensors (__tensor_flatten__).
+std::vector<at::Tensor> collect_tensors(pybind11::handle obj);
 
 // The interpreter-exit handler: waits (interruptibly, at most `timeout_s` seconds if >= 0) for
 // every queued and running task; tasks still queued after that are cancelled with a
