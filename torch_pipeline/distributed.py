@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from . import _C
 from ._C import WorkerThread, max_worker_threads
+from ._collectives import _install_work_hooks
 
 __all__ = ["ThreadGroups", "thread_groups", "set_debug", "hazards", "clear_hazards"]
 
@@ -74,11 +75,14 @@ def thread_groups(group: Optional[dist.ProcessGroup] = None,
     ranks of ``group`` (default: the default group), with ``backend`` (default: the default
     group's). A collective call: every rank of ``group`` must call it, at the same point of its
     program; the groups are created in worker-thread order, so group *i* is the same group on
-    every rank. The worker-thread cap must be the same on every rank (checked).
+    every rank. The worker-thread cap must be the same on every rank (checked). Installs the
+    c10d ``Work`` hooks of :class:`torch_pipeline.collective` (async collectives' outputs become
+    ready where ``work.wait()`` ran).
 
         >>> groups = tpd.thread_groups()
         >>> groups[1]            # worker thread 1's process group
     """
+    _install_work_hooks()
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("thread_groups() needs torch.distributed initialized first "
                            "(dist.init_process_group)")

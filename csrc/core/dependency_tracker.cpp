@@ -50,6 +50,28 @@ bool DependencyTracker::join(Clock& into, const ClockView& v) {
   return grew;
 }
 
+bool DependencyTracker::join_capped(Clock& into, const ClockView& v, uint64_t own_reach) {
+  const uint64_t own = std::min(v.seq, own_reach);
+  bool grew = false;
+  if (v.base != nullptr) {
+    const Clock& from = *v.base;
+    if (into.size() < from.size()) into.resize(from.size(), 0);
+    for (size_t i = 0; i < from.size(); ++i) {
+      const uint64_t x = i == v.stream ? std::min(from[i], own) : from[i];
+      if (x > into[i]) {
+        into[i] = x;
+        grew = true;
+      }
+    }
+  }
+  if (into.size() <= v.stream) into.resize(static_cast<size_t>(v.stream) + 1, 0);
+  if (own > into[v.stream]) {
+    into[v.stream] = own;
+    grew = true;
+  }
+  return grew;
+}
+
 DependencyTracker::DependencyTracker(size_t history_limit)
     : history_limit_(std::max<size_t>(history_limit, 1)) {}
 
@@ -127,7 +149,8 @@ void DependencyTracker::consider(uint32_t self, const StreamState& st, const Op&
 
 DependencyTracker::Launch DependencyTracker::launch(StreamId stream,
                                                     const std::vector<StorageId>& reads,
-                                                    const std::vector<StorageId>& writes) {
+                                                    const std::vector<StorageId>& writes,
+                                                    const Cover& cover) {
   std::lock_guard<std::mutex> lock(mutex_);
   const uint32_t self = index_of(stream);
   StreamState& st = streams_[self];
@@ -164,25 +187,31 @@ DependencyTracker::Launch DependencyTracker::launch(StreamId stream,
   }
 
   // Keep the minimal set: drop a producer that another needed producer is ordered after.
+  // (Implied through another wait's clock apart from its own stream's entry, which a partial
+  // `cover` may not credit in full.)
   Launch result;
   for (const uint32_t a : needed_) {
     bool implied = false;
     for (const uint32_t b : needed_) {
       if (b == a) continue;
-      const ClockView vb{needs_[b].clock.get(), b, needs_[b].seq};
-      if (vb.at(a) >= needs_[a].seq) {
+      const Clock* base = needs_[b].clock.get();
+      if (base != nullptr && entry(*base, a) >= needs_[a].seq) {
         implied = true;
         break;
       }
     }
     if (!implied) result.waits.push_back(Position{streams_[a].id, needs_[a].seq});
   }
-  // The caller inserts the waits: `stream` is ordered after them from now on. Joining the implied
-  // ones too changes nothing (their clocks are below the kept ones').
-  for (const uint32_t a : needed_) {
-    if (join(st.clock, ClockView{needs_[a].clock.get(), a, needs_[a].seq})) st.clock_changed = true;
-    needs_[a] = Need{};
+  // The caller inserts the waits: `stream` is ordered after them from now on, as far as each
+  // reaches. The implied ones are below the kept ones' clocks: joining them adds nothing.
+  for (const Position& w : result.waits) {
+    const uint32_t a = stream_index_.at(w.stream);
+    const uint64_t reach = cover ? cover(w) : w.seq;
+    if (join_capped(st.clock, ClockView{needs_[a].clock.get(), a, needs_[a].seq}, reach)) {
+      st.clock_changed = true;
+    }
   }
+  for (const uint32_t a : needed_) needs_[a] = Need{};
   needed_.clear();
   std::sort(result.waits.begin(), result.waits.end(),
             [](const Position& x, const Position& y) { return x.stream < y.stream; });
@@ -243,7 +272,7 @@ void DependencyTracker::define(Position p, const std::vector<StorageId>& storage
   }
 }
 
-void DependencyTracker::waited(StreamId waiter, Position producer) {
+void DependencyTracker::waited(StreamId waiter, Position producer, uint64_t own_reach) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (producer.seq == 0) return;
   const uint32_t from = checked_index(producer, "waited()");
@@ -251,15 +280,15 @@ void DependencyTracker::waited(StreamId waiter, Position producer) {
   if (to == from) return;  // program order
   StreamState& st = streams_[to];
   if (covered(st, from, producer.seq)) return;
-  if (join(st.clock, clock_at(from, producer.seq))) st.clock_changed = true;
+  if (join_capped(st.clock, clock_at(from, producer.seq), own_reach)) st.clock_changed = true;
 }
 
-void DependencyTracker::completed(Position p) {
+void DependencyTracker::completed(Position p, uint64_t own_reach) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (p.seq == 0) return;
   const uint32_t index = checked_index(p, "completed()");
   if (entry(host_, index) >= p.seq) return;
-  join(host_, clock_at(index, p.seq));
+  join_capped(host_, clock_at(index, p.seq), own_reach);
 }
 
 bool DependencyTracker::is_ordered(StreamId stream, Position p) const {

@@ -51,6 +51,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <iosfwd>
 #include <memory>
 #include <mutex>
@@ -98,8 +99,19 @@ class DependencyTracker {
   // after them. (Waiting for a later position of a producer stream than the one returned is safe:
   // the tracker then under-estimates the ordering, which costs at most an extra wait later.)
   // Streams are known from their first use.
+  //
+  // Several threads may launch on one stream at once, so positions handed out in one order can
+  // reach the stream in another: an event recorded on a stream now covers every op enqueued there
+  // so far, but not a lower position another thread is still launching. `cover`, if given, is
+  // called (under the tracker's lock: it must not call the tracker) for each returned wait with
+  // its position and returns how far the inserted wait reaches on the producer's own stream: the
+  // producer op itself and its clock are covered, and positions of that stream up to the returned
+  // seq (<= the wait's seq). The waiting stream is credited with no more than that, so a later op
+  // waits again rather than assuming an op that was still launching elsewhere. Without `cover`,
+  // every wait reaches its whole prefix.
+  using Cover = std::function<uint64_t(const Position& wait)>;
   Launch launch(StreamId stream, const std::vector<StorageId>& reads,
-                const std::vector<StorageId>& writes);
+                const std::vector<StorageId>& writes, const Cover& cover = nullptr);
 
   // The op at `p` (launched, typically just now) created `storages` (its fresh outputs: memory
   // nothing else used since it was allocated): each gets `p` as its last writer and no readers or
@@ -111,12 +123,17 @@ class DependencyTracker {
   // An external wait the runtime inserted (user wait_event / wait_pipeline, a task's streams
   // waiting for the submitter): the next ops of `waiter` are ordered after `producer`.
   // Throws std::invalid_argument if `producer` has not been launched yet.
-  void waited(StreamId waiter, Position producer);
+  // `own_reach`: how far the wait reaches on the producer's own stream (see launch()'s `cover`;
+  // UINT64_MAX: the whole prefix up to `producer`).
+  void waited(StreamId waiter, Position producer, uint64_t own_reach = UINT64_MAX);
 
   // The host knows `p` completed (stream / event synchronize, a query that returned true): every
   // op launched from now on, on any stream, is ordered after `p` and after what `p` was ordered
   // after. Throws std::invalid_argument if `p` has not been launched yet.
-  void completed(Position p);
+  // `own_reach` as for waited(): the host saw p complete, but only positions of p's stream up to
+  // own_reach are known complete with it (an event recorded while a lower position was still
+  // being launched by another thread does not cover that one).
+  void completed(Position p, uint64_t own_reach = UINT64_MAX);
 
   // Would an op launched on `stream` now be ordered after `p` without further waits?
   // (p on `stream` itself: true once launched. seq 0: true.)
@@ -188,6 +205,8 @@ class DependencyTracker {
 
   static uint64_t entry(const Clock& c, uint32_t i) { return i < c.size() ? c[i] : 0; }
   static bool join(Clock& into, const ClockView& v);  // true if `into` grew
+  // join(), with the own entry of the view's stream capped at `own_reach`.
+  static bool join_capped(Clock& into, const ClockView& v, uint64_t own_reach);
 
   uint32_t index_of(StreamId id);                 // creates the stream's state on first use
   const StreamState* find_stream(StreamId id) const;

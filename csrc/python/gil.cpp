@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <exception>
 #include <thread>
+#include <variant>
 
 namespace torch_pipeline {
 namespace python {
@@ -70,6 +71,65 @@ void set_python_exiting() {
 
 void install_terminate_handler() {
   previous_terminate = std::set_terminate(&terminate_handler);
+}
+
+void wait_releasing_gil(const WaitStep& step, bool interruptible) {
+  const bool holds_gil = !python_exiting() && Py_IsInitialized() && PyGILState_Check();
+  if (!holds_gil) {
+    while (!step(kWaitStep)) {
+    }
+    return;
+  }
+  for (;;) {
+    bool done;
+    {
+      pybind11::gil_scoped_release no_gil;
+      done = step(kWaitStep);
+    }
+    if (done) {
+      return;
+    }
+    if (interruptible && PyErr_CheckSignals() != 0) {
+      throw pybind11::error_already_set();
+    }
+  }
+}
+
+PythonWarnings::PythonWarnings(bool raise_errors)
+    : previous_(c10::WarningUtils::get_warning_handler()),
+      raise_errors_(raise_errors),
+      uncaught_(std::uncaught_exceptions()) {
+  c10::WarningUtils::set_warning_handler(&buffer_);
+}
+
+PythonWarnings::~PythonWarnings() noexcept(false) {
+  c10::WarningUtils::set_warning_handler(previous_);
+  if (buffer_.warnings.empty() || python_exiting() || !Py_IsInitialized()) {
+    return;
+  }
+  // Keep an error being raised (the caller's) aside while the warnings are issued.
+  PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
+  PyErr_Fetch(&type, &value, &traceback);
+  bool failed = false;
+  for (const c10::Warning& w : buffer_.warnings) {
+    PyObject* category = std::holds_alternative<c10::DeprecationWarning>(w.type())
+        ? PyExc_DeprecationWarning
+        : PyExc_UserWarning;
+    if (PyErr_WarnEx(category, w.msg().c_str(), 1) != 0) {
+      failed = true;  // -W error: the warning is now a Python exception
+      break;
+    }
+  }
+  buffer_.warnings.clear();
+  const bool may_raise = raise_errors_ && type == nullptr &&
+                         std::uncaught_exceptions() == uncaught_;
+  if (failed && may_raise) {
+    throw pybind11::error_already_set();
+  }
+  if (failed) {
+    PyErr_WriteUnraisable(nullptr);
+  }
+  PyErr_Restore(type, value, traceback);
 }
 
 }  // namespace python

@@ -8,7 +8,11 @@
 
 #include <torch/csrc/utils/pybind.h>
 
-#include <chrono>
+#include "../runtime/waits.h"
+
+#include <c10/util/Exception.h>
+
+#include <vector>
 
 namespace torch_pipeline {
 namespace python {
@@ -27,27 +31,37 @@ void set_python_exiting();
 // ends during finalization instead of aborting the process (see gil.cpp).
 void install_terminate_handler();
 
-// Calls `step(timeout)` with the GIL released until it returns true; between steps (every
-// kPollInterval) checks for signals with the GIL held, so Ctrl-C raises KeyboardInterrupt in the
-// waiting thread. The caller holds the GIL.
-constexpr std::chrono::milliseconds kPollInterval{50};
+// The one blocking wait of torch_pipeline (installed as the runtime's block hook, see
+// csrc/runtime/waits.h, and as the tracker's blocking wait): runs `step(kWaitStep)` until it
+// returns true. A thread that holds the GIL lets go of it while a step runs (the thread being
+// waited for may need it) and, if `interruptible`, checks for signals between steps, so Ctrl-C
+// raises KeyboardInterrupt (pybind11::error_already_set) in the waiting thread. Once the
+// interpreter is exiting, Python is not touched.
+void wait_releasing_gil(const WaitStep& step, bool interruptible);
 
-template <typename Step>
-void wait_interruptibly(Step&& step) {
-  for (;;) {
-    bool done;
-    {
-      pybind11::gil_scoped_release no_gil;
-      done = step(kPollInterval);
-    }
-    if (done) {
-      return;
-    }
-    if (PyErr_CheckSignals() != 0) {
-      throw pybind11::error_already_set();
-    }
-  }
-}
+// RAII, on a thread that holds the GIL: c10 warnings (TORCH_WARN, torch_pipeline::warn) raised
+// in its scope become Python warnings when it ends, so `warnings.catch_warnings` and
+// `pytest.warns` see them. Used where no torch binding does it: around our bindings' calls and
+// around a task's completion on a worker thread. A warning that Python turns into an error
+// (`-W error`) is raised if `raise_errors` and no exception is in flight, else reported as
+// unraisable.
+class PythonWarnings {
+ public:
+  explicit PythonWarnings(bool raise_errors = true);
+  ~PythonWarnings() noexcept(false);
+  PythonWarnings(const PythonWarnings&) = delete;
+  PythonWarnings& operator=(const PythonWarnings&) = delete;
+
+ private:
+  struct Buffer : c10::WarningHandler {
+    void process(const c10::Warning& warning) override { warnings.push_back(warning); }
+    std::vector<c10::Warning> warnings;
+  };
+  Buffer buffer_;
+  c10::WarningHandler* previous_;
+  const bool raise_errors_;
+  const int uncaught_;
+};
 
 }  // namespace python
 }  // namespace torch_pipeline

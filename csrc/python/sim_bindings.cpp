@@ -1,8 +1,16 @@
 #include "sim_bindings.h"
 
+#include "../runtime/op_facts.h"
 #include "../sim/sim.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/Exceptions.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace py = pybind11;
 
@@ -24,6 +32,65 @@ struct RaceErrorPy : public torch::PyTorchError {
 
 void throw_race_error(const std::string& message) {
   throw RaceErrorPy(message);
+}
+
+// The per-operator facts (csrc/runtime/op_facts.h) of "aten::add_.Tensor" as the sim's kernels
+// look them up (by operator handle), as a dict; `id` identifies the facts object.
+py::dict op_facts_dict(const std::string& full_name) {
+  const auto view = c10::OperatorNameView::parse(full_name);
+  const c10::OperatorName name{std::string(view.name), std::string(view.overload_name)};
+  const auto op = c10::Dispatcher::singleton().findSchema(name);
+  TORCH_CHECK_VALUE(
+      op.has_value(), "'", full_name, "' is not a registered operator: expected a name such as "
+      "'aten::add_.Tensor' (the default overload has no suffix: 'aten::nonzero')");
+  const OpFacts& f = op_facts(*op);
+  TORCH_INTERNAL_ASSERT(&f == &op_facts(name), "two facts objects for ", full_name);
+  const auto& args = op->schema().arguments();
+  py::list written;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (f.write[i] != 0) {
+      written.append(args[i].name());
+    }
+  }
+  py::dict d;
+  d["name"] = f.name;
+  d["overload"] = f.overload;
+  d["full_name"] = f.full_name;
+  d["written"] = written;
+  d["transparent"] = f.transparent;
+  d["non_blocking"] = f.non_blocking >= 0 ? py::object(py::str(args[f.non_blocking].name()))
+                                          : py::object(py::none());
+  d["syncs_host"] = f.syncs_host;
+  d["known"] = f.known;
+  d["id"] = reinterpret_cast<uintptr_t>(&f);
+  return d;
+}
+
+// Calls fn() and returns (full name, facts id) of each op it ran, as the tracker looks them up
+// (from its RecordFunction), to compare with op_facts_dict's.
+std::vector<std::pair<std::string, uintptr_t>> op_facts_observed(const py::function& fn) {
+  thread_local std::vector<std::pair<std::string, uintptr_t>>* sink = nullptr;
+  std::vector<std::pair<std::string, uintptr_t>> seen;
+  auto observe = [](const at::RecordFunction& rf) -> std::unique_ptr<at::ObserverContext> {
+    const OpFacts& f = op_facts(rf);
+    if (f.known && sink != nullptr) {
+      sink->emplace_back(f.full_name, reinterpret_cast<uintptr_t>(&f));
+    }
+    return nullptr;
+  };
+  const at::CallbackHandle handle = at::addThreadLocalCallback(
+      at::RecordFunctionCallback(observe).scopes({at::RecordScope::FUNCTION}));
+  struct Scope {  // restores the sink and removes the callback, also when fn() raises
+    std::vector<std::pair<std::string, uintptr_t>>* previous;
+    at::CallbackHandle handle;
+    ~Scope() {
+      at::removeCallback(handle);
+      sink = previous;
+    }
+  } scope{sink, handle};
+  sink = &seen;
+  fn();
+  return seen;
 }
 
 }  // namespace
@@ -85,6 +152,14 @@ streams and the memory.
         py::arg("high_priority") = false);
   m.def("_sim_stream_priority", &sim::stream_priority, py::arg("stream"));
   m.def("_sim_stream_label", &sim::stream_label, py::arg("stream"));
+  m.def("_sim_op_facts", &op_facts_dict, py::arg("name"));
+  m.def("_sim_op_facts_observed", &op_facts_observed, py::arg("fn"));
+  m.def("_sim_op_lists", [] {
+    py::dict d;
+    d["no_data"] = no_data_ops();
+    d["host_sync"] = host_sync_ops();
+    return d;
+  });
 }
 
 }  // namespace python

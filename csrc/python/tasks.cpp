@@ -3,16 +3,18 @@
 #include "gil.h"
 
 #include "../runtime/context.h"
-#include "../runtime/devices.h"
 #include "../runtime/runtime.h"
+#include "../runtime/task.h"
 #include "../runtime/tracking.h"
+#include "../runtime/waits.h"
+#include "../runtime/warn.h"
 
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <atomic>
-#include <chrono>
 #include <iostream>
 #include <string>
+#include <unordered_set>
 
 namespace py = pybind11;
 
@@ -56,13 +58,16 @@ class PyTask final : public core::Task {
       abandon();
       return;
     }
-    try {
-      run_in_pipeline();
-    } catch (const std::exception& e) {
-      // Entering the pipeline failed (a stream could not be made current, say).
-      complete("set_exception", make_runtime_error(e.what()));
+    {
+      PythonWarnings warnings(/*raise_errors=*/false);  // nobody to raise them to here
+      try {
+        run_in_pipeline();
+      } catch (const std::exception& e) {
+        // Entering the pipeline failed (a stream could not be made current, say).
+        complete("set_exception", make_runtime_error(e.what()));
+      }
+      drop_references();
     }
-    drop_references();
     hold_->release();  // the task no longer needs its tensors
     if (worker_->pending() == 0) {
       // Nothing else to run: let go of the GIL before waking the waiter, which needs it.
@@ -124,7 +129,7 @@ class PyTask final : public core::Task {
   }
 
   // future.set_result(value) / set_exception(value). A failure there cannot be raised to anyone:
-  // it is written to stderr, with the task's exception if the exception could not be set.
+  // it becomes the task's exception, or, if that cannot be set either, a warning.
   void complete(const char* method, const py::object& value) {
     py::handle future(future_);
     try {
@@ -133,8 +138,7 @@ class PyTask final : public core::Task {
       try {
         future.attr("set_exception")(e.value());
       } catch (py::error_already_set& e2) {
-        std::cerr << "torch_pipeline: could not complete a task's future: " << e2.what()
-                  << std::endl;
+        warn(std::string("could not complete a task's future: ") + e2.what());
       }
     }
   }
@@ -163,44 +167,6 @@ class PyTask final : public core::Task {
   std::unique_ptr<tracking::TaskPins> hold_;
 };
 
-// Wait step for the tasks of `w` up to `seq`.
-auto tasks_done_step(core::WorkerThread& w, uint64_t seq) {
-  return [&w, seq](std::chrono::milliseconds timeout) { return w.wait_until_done(seq, timeout); };
-}
-
-py::list future_devices() {
-  py::list devices;
-  const auto acc = accelerator();
-  if (acc.has_value()) {
-    const c10::DeviceIndex count = device_count(*acc);
-    for (c10::DeviceIndex i = 0; i < count; ++i) {
-      devices.append(py::cast(c10::Device(*acc, i)));
-    }
-  }
-  return devices;
-}
-
-// The tensors among a task's arguments: direct, or inside lists, tuples and dicts (a few levels
-// deep, as in f(batch), f([a, b]), f(tensors={"x": x})).
-void collect_tensors(py::handle obj, std::vector<at::Tensor>& out, int depth) {
-  if (THPVariable_Check(obj.ptr())) {
-    out.push_back(THPVariable_Unpack(obj.ptr()));
-    return;
-  }
-  if (depth <= 0) {
-    return;
-  }
-  if (PyList_Check(obj.ptr()) || PyTuple_Check(obj.ptr())) {
-    for (py::handle item : obj) {
-      collect_tensors(item, out, depth - 1);
-    }
-  } else if (PyDict_Check(obj.ptr())) {
-    for (auto item : py::reinterpret_borrow<py::dict>(obj)) {
-      collect_tensors(item.second, out, depth - 1);
-    }
-  }
-}
-
 }  // namespace
 
 void set_future_class(py::object cls) {
@@ -220,18 +186,19 @@ py::object submit(const PipelinePtr& p, py::object fn, py::tuple args, py::kwarg
   TORCH_INTERNAL_ASSERT(g_future_class != nullptr);
   core::WorkerThread& worker = Runtime::get().worker(p->worker_id());
 
-  py::list devices = future_devices();
-  py::object future = devices.empty()
-      ? py::reinterpret_borrow<py::object>(g_future_class)()
-      : py::reinterpret_borrow<py::object>(g_future_class)(py::arg("devices") = devices);
+  // No devices=...: a device-aware torch future pickles every result to find its tensors (so a
+  // generator, a lambda or a Pipeline could not be returned). TaskFuture.wait() orders the
+  // waiter's streams after the task's through `sync` instead.
+  py::object future = py::reinterpret_borrow<py::object>(g_future_class)();
   auto sync = std::make_shared<TaskSync>(p->worker_id());
   sync->record_submitter_position();
   future.attr("_tp_sync") = py::cast(sync);
 
   // The task sees its tensors as they are now: later writes from other threads wait for it.
-  std::vector<at::Tensor> tensors;
-  collect_tensors(args, tensors, 3);
-  collect_tensors(kwargs, tensors, 3);
+  std::vector<at::Tensor> tensors = collect_tensors(args);
+  for (at::Tensor& t : collect_tensors(kwargs)) {
+    tensors.push_back(std::move(t));
+  }
   auto hold = std::make_unique<tracking::TaskPins>(tensors, p->worker_id());
 
   auto task = std::make_unique<PyTask>(
@@ -240,48 +207,43 @@ py::object submit(const PipelinePtr& p, py::object fn, py::tuple args, py::kwarg
   return future;
 }
 
-void wait_task(const TaskSync& sync) {
-  if (sync.done()) {
-    sync.block_current_streams();
-    return;
+std::vector<at::Tensor> collect_tensors(py::handle obj) {
+  std::vector<at::Tensor> out;
+  std::unordered_set<PyObject*> seen;  // containers and tensors already walked
+  std::vector<py::object> todo{py::reinterpret_borrow<py::object>(obj)};
+  while (!todo.empty()) {
+    py::object o = std::move(todo.back());
+    todo.pop_back();
+    PyObject* ptr = o.ptr();
+    const bool tensor = THPVariable_Check(ptr);
+    const bool container = PyList_Check(ptr) || PyTuple_Check(ptr) || PyDict_Check(ptr) ||
+                           PyAnySet_Check(ptr);
+    if ((!tensor && !container) || !seen.insert(ptr).second) {
+      continue;
+    }
+    if (tensor) {
+      out.push_back(THPVariable_Unpack(ptr));
+      // A wrapper subclass (DTensor, ...) holds its data in inner tensors.
+      if (!THPVariable_CheckExact(ptr) && py::hasattr(o, "__tensor_flatten__")) {
+        py::tuple flat = o.attr("__tensor_flatten__")();
+        for (py::handle name : flat[0]) {
+          todo.push_back(o.attr(name));
+        }
+      }
+    } else if (PyDict_Check(ptr)) {
+      PyObject *key, *value;
+      Py_ssize_t pos = 0;
+      while (PyDict_Next(ptr, &pos, &key, &value)) {
+        todo.push_back(py::reinterpret_borrow<py::object>(key));
+        todo.push_back(py::reinterpret_borrow<py::object>(value));
+      }
+    } else {
+      for (py::handle item : o) {
+        todo.push_back(py::reinterpret_borrow<py::object>(item));
+      }
+    }
   }
-  TORCH_CHECK(
-      core::WorkerThread::current_id() != sync.worker_id(),
-      "waiting, inside a task, for a task queued on the same worker thread (", sync.worker_id(),
-      ") would wait forever: a worker thread runs its tasks one at a time, in order. Submit the "
-      "inner task to a pipeline of another worker thread, or return its future instead of "
-      "waiting for it");
-  wait_interruptibly([&](std::chrono::milliseconds timeout) {
-    TORCH_CHECK(
-        sync.generation() == Runtime::current_generation(),
-        "this task was submitted before os.fork(), in the parent process; it does not run in the "
-        "child, so its future never completes there");
-    return sync.wait_for(timeout);
-  });
-  sync.block_current_streams();
-}
-
-void wait_pipeline_tasks(const PipelineImpl& p) {
-  const uint64_t seq = p.last_task();
-  if (seq == 0 || core::WorkerThread::current_id() == p.worker_id()) {
-    return;
-  }
-  wait_interruptibly(tasks_done_step(Runtime::get().worker(p.worker_id()), seq));
-}
-
-bool pipeline_tasks_done(const PipelineImpl& p) {
-  const uint64_t seq = p.last_task();
-  return seq == 0 || Runtime::get().worker(p.worker_id()).completed() >= seq;
-}
-
-void wait_all_tasks() {
-  TORCH_CHECK(
-      core::WorkerThread::current_id() < 0,
-      "torch_pipeline.synchronize() waits for every worker thread, so it cannot be called from a "
-      "task (it would wait for itself); use Pipeline.synchronize() or the futures of the tasks");
-  for (core::WorkerThread* w : Runtime::get().workers()) {
-    wait_interruptibly(tasks_done_step(*w, w->submitted()));
-  }
+  return out;
 }
 
 size_t shutdown(double timeout_s) {
@@ -289,58 +251,14 @@ size_t shutdown(double timeout_s) {
     return 0;
   }
   g_draining.store(true, std::memory_order_release);
-  using clock = std::chrono::steady_clock;
-  const bool bounded = timeout_s >= 0;
-  const auto deadline = clock::now() + std::chrono::duration_cast<clock::duration>(
-                                           std::chrono::duration<double>(bounded ? timeout_s : 0));
-  bool finished = false;
-  std::string why = "the exit timeout (TORCH_PIPELINE_EXIT_TIMEOUT) passed";
-  try {
-    // Tasks may queue more tasks while we drain: repeat until a pass finds nothing new.
-    while (!finished) {
-      finished = true;
-      for (core::WorkerThread* w : Runtime::get().workers()) {
-        const uint64_t seq = w->submitted();
-        if (w->completed() >= seq) {
-          continue;
-        }
-        finished = false;
-        wait_interruptibly([&](std::chrono::milliseconds step) {
-          if (bounded) {
-            const auto left = deadline - clock::now();
-            if (left <= clock::duration::zero()) {
-              return true;
-            }
-            step = std::min(step, std::chrono::duration_cast<std::chrono::milliseconds>(left) +
-                                      std::chrono::milliseconds(1));
-          }
-          return w->wait_until_done(seq, step);
-        });
-        if (bounded && clock::now() >= deadline) {
-          break;
-        }
-      }
-      if (bounded && clock::now() >= deadline) {
-        break;
-      }
-    }
-  } catch (py::error_already_set& e) {
-    why = std::string("waiting was interrupted (") + e.what() + ")";
-  }
-  size_t cancelled = 0;
-  size_t running = 0;
-  if (!finished) {
-    const std::string reason = "torch_pipeline: task cancelled at interpreter exit before it "
-                               "started, because " + why;
-    for (core::WorkerThread* w : Runtime::get().workers()) {
-      cancelled += w->cancel_pending(reason);
-      running += w->busy() ? 1 : 0;
-    }
-    std::cerr << "torch_pipeline: at interpreter exit, " << why << ": cancelled " << cancelled
-              << " queued task(s); " << running << " running task(s) abandoned" << std::endl;
+  const DrainResult r = drain_tasks(timeout_s);
+  if (!r.finished) {
+    // At interpreter exit: stderr, not a warning (the warnings machinery may be gone).
+    std::cerr << "torch_pipeline: at interpreter exit, " << r.why << ": cancelled " << r.cancelled
+              << " queued task(s); " << r.running << " running task(s) abandoned" << std::endl;
   }
   set_python_exiting();
-  return cancelled;
+  return r.cancelled;
 }
 
 }  // namespace python

@@ -6,6 +6,7 @@
 #include "op_facts.h"
 #include "runtime.h"
 #include "tracking.h"
+#include "warn.h"
 
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
@@ -14,7 +15,6 @@
 #include <c10/util/Exception.h>
 
 #include <cstring>
-#include <iostream>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -69,8 +69,7 @@ CollectiveGuard::~CollectiveGuard() {
       }
     }
   } catch (const std::exception& e) {
-    std::cerr << "torch_pipeline: could not restore the streams after collective(): " << e.what()
-              << std::endl;
+    warn(std::string("could not restore the streams after collective(): ") + e.what());
   }
 }
 
@@ -130,7 +129,7 @@ std::unique_ptr<at::ObserverContext> on_c10d_op(const at::RecordFunction& fn) {
     }
     it->second = me;  // report each change of thread once
   }
-  TORCH_WARN_ONCE("torch_pipeline: ", message);
+  warn_once("collective hazard", message);
   return nullptr;
 }
 

@@ -2,12 +2,13 @@
 
 #include "devices.h"
 #include "runtime.h"
+#include "warn.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <iostream>
+#include <string>
 #include <vector>
 
 namespace torch_pipeline {
@@ -83,6 +84,7 @@ PipelinePtr current_pipeline() {
 }
 
 DeviceStreams lane_streams(PipelineImpl& p) {
+  p.check_usable();
   const auto acc = accelerator();
   if (!p.is_default()) {
     if (acc.has_value()) {
@@ -114,18 +116,15 @@ DeviceStreams lane_streams(PipelineImpl& p) {
 
 c10::Stream pipeline_stream(PipelineImpl& p, const c10::Device& device) {
   const c10::Device d = check_stream_device(device);
+  p.check_usable();
   if (p.is_default()) {
     return base_stream(d);
   }
-  p.check_usable();
   return p.own_stream(d);
 }
 
 void enter_pipeline(const PipelinePtr& p) {
   TORCH_INTERNAL_ASSERT(p != nullptr);
-  if (!p->is_default()) {
-    p->check_usable();
-  }
   Entry entry{p, tls.current, switch_streams(lane_streams(*p))};
   tls.stack.push_back(std::move(entry));
   tls.current = p;
@@ -154,9 +153,6 @@ void exit_pipeline(const PipelineImpl* p) {
 
 void set_pipeline(const PipelinePtr& p) {
   TORCH_INTERNAL_ASSERT(p != nullptr);
-  if (!p->is_default()) {
-    p->check_usable();
-  }
   const DeviceStreams lane = lane_streams(*p);
   std::vector<c10::Stream> replaced = switch_streams(lane);
   // Remember what was replaced, where nothing else does: in the innermost open context (whose exit
@@ -181,8 +177,7 @@ PipelineGuard::~PipelineGuard() {
   try {
     exit_pipeline(pipeline_.get());
   } catch (const std::exception& e) {
-    std::cerr << "torch_pipeline: internal error while leaving a pipeline: " << e.what()
-              << std::endl;
+    warn(std::string("internal error while leaving a pipeline: ") + e.what());
   }
 }
 

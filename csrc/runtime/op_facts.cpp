@@ -1,24 +1,95 @@
 #include "op_facts.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/function_schema.h>
 
+#include <pthread.h>
+
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
-#include <unordered_set>
 
 namespace torch_pipeline {
 namespace {
 
-// Ops that touch no data although their schema does not say so.
-const std::unordered_set<std::string>& metadata_ops() {
-  static const auto* ops = new std::unordered_set<std::string>{
-      "aten::is_set_to", "aten::_nnz", "aten::sparse_dim", "aten::dense_dim",
-      "aten::is_coalesced", "aten::_is_zerotensor", "aten::is_pinned", "aten::record_stream",
-      "aten::size", "aten::stride", "aten::numel", "aten::dim", "aten::is_same_size",
-      "aten::_has_compatible_shallow_copy_type", "aten::is_nonzero_"};
-  return *ops;
+// ---- the lists ----------------------------------------------------------------------------------
+// Ops (every overload) that touch no data although their schema does not say so: they return
+// host values (or, record_stream, mark an argument written) from the tensors' metadata alone.
+// Without this list the tracker would order them after pending writers of their arguments and the
+// sim device would record them as reads and as host synchronizations. Every name is an operator of
+// the dispatcher (tests/python/test_op_facts.py checks it; JIT-only ones such as
+// aten::is_non_overlapping_and_dense never reach the tracker or the sim).
+// (Leaked, as the cache is: ops may run on other threads while the process exits.)
+const std::vector<std::string>* g_no_data_ops = new std::vector<std::string>{
+    // Shape and layout queries: sizes, strides and offset live in the TensorImpl.
+    "aten::size", "aten::sym_size", "aten::stride", "aten::sym_stride", "aten::numel",
+    "aten::sym_numel", "aten::dim", "aten::storage_offset", "aten::sym_storage_offset",
+    "aten::is_contiguous",
+    // dtype queries.
+    "aten::is_complex", "aten::is_floating_point", "aten::is_signed",
+    // Flags of the tensor (math bits, the zero-tensor dispatch key), not of its values.
+    "aten::is_conj", "aten::is_neg", "aten::_is_zerotensor",
+    // Autograd metadata.
+    "aten::is_inference", "aten::is_leaf", "aten::output_nr", "aten::_version",
+    // Compare two tensors' metadata (sizes; TensorImpl types; storage and geometry), not bytes.
+    "aten::is_same_size", "aten::_has_compatible_shallow_copy_type", "aten::is_set_to",
+    // Sparse tensors' metadata.
+    "aten::_nnz", "aten::sparse_dim", "aten::dense_dim", "aten::is_coalesced",
+    // Asks the allocator about the data pointer.
+    "aten::is_pinned",
+    // Schema: Tensor(a!) self; it tells the allocator that the storage is used on a stream.
+    "aten::record_stream",
+};
+
+// Ops whose CUDA kernels wait for the device although they return tensors: their output size
+// depends on the data (equal returns a bool, which marks it anyway; listed for the reader).
+const std::vector<std::string>* g_host_sync_ops = new std::vector<std::string>{
+    "aten::nonzero", "aten::masked_select", "aten::_unique", "aten::_unique2",
+    "aten::unique_dim", "aten::unique_consecutive", "aten::unique_dim_consecutive",
+    "aten::repeat_interleave", "aten::equal"};
+
+bool listed(const std::vector<std::string>& list, const std::string& name) {
+  return std::find(list.begin(), list.end(), name) != list.end();
+}
+
+// ---- facts from a schema ------------------------------------------------------------------------
+bool tensor_like(const c10::TypePtr& type) {
+  switch (type->kind()) {
+    case c10::TypeKind::TensorType:
+      return true;
+    case c10::TypeKind::ListType:
+      return tensor_like(type->castRaw<c10::ListType>()->getElementType());
+    case c10::TypeKind::OptionalType:
+      return tensor_like(type->castRaw<c10::OptionalType>()->getElementType());
+    default:
+      return false;
+  }
+}
+
+// c10d schemas carry no alias annotations, but collectives write their outputs ("output",
+// "outputs", "output_tensors", ...), or, for in-place ones without outputs (allreduce_,
+// broadcast_, recv_, ...), their "tensors". Returns whether any argument is written now.
+bool infer_c10d_writes(const c10::FunctionSchema& s, OpFacts& f) {
+  const auto& args = s.arguments();
+  bool any_write = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].name().compare(0, 6, "output") == 0) {
+      f.write[i] = 1;
+      any_write = true;
+    }
+  }
+  if (!any_write && !f.name.empty() && f.name.back() == '_') {
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (args[i].name() == "tensors") {
+        f.write[i] = 1;
+        any_write = true;
+      }
+    }
+  }
+  return any_write;
 }
 
 OpFacts compute(const c10::FunctionSchema& s) {
@@ -26,6 +97,7 @@ OpFacts compute(const c10::FunctionSchema& s) {
   f.known = true;
   f.name = s.name();
   f.overload = s.overload_name();
+  f.full_name = f.overload.empty() ? f.name : f.name + "." + f.overload;
   bool any_write = false;
   const auto& args = s.arguments();
   for (size_t i = 0; i < args.size(); ++i) {
@@ -37,39 +109,63 @@ OpFacts compute(const c10::FunctionSchema& s) {
     }
   }
   if (f.name.compare(0, 6, "c10d::") == 0 && !any_write) {
-    // Collectives carry no alias annotations, but write their outputs ("output", "outputs",
-    // "output_tensors", ...), or, for in-place ones without outputs (allreduce_, broadcast_,
-    // recv_, ...), their "tensors".
-    for (size_t i = 0; i < args.size(); ++i) {
-      if (args[i].name().compare(0, 6, "output") == 0) {
-        f.write[i] = 1;
-        any_write = true;
-      }
-    }
-    if (!any_write && !f.name.empty() && f.name.back() == '_') {
-      for (size_t i = 0; i < args.size(); ++i) {
-        if (args[i].name() == "tensors") {
-          f.write[i] = 1;
-          any_write = true;
-        }
-      }
-    }
+    any_write = infer_c10d_writes(s, f);
   }
   bool all_views = !s.returns().empty();
+  bool host_values = !s.returns().empty();  // every return is a host value
   for (const auto& ret : s.returns()) {
     const auto* ai = ret.alias_info();
     if (ai == nullptr || alias_is_write(ai)) {
       all_views = false;
     }
+    if (tensor_like(ret.type()) || ret.type()->kind() == c10::TypeKind::ClassType) {
+      host_values = false;  // a tensor, or a handle such as a c10d Work
+    }
   }
-  f.transparent = (all_views && !any_write) || metadata_ops().count(f.name) > 0;
+  f.transparent = (all_views && !any_write) || listed(*g_no_data_ops, f.name);
+  f.syncs_host = !f.transparent && (host_values || listed(*g_host_sync_ops, f.name));
   return f;
 }
 
+const OpFacts& unknown_facts() {
+  static const OpFacts* unknown = [] {
+    auto* f = new OpFacts();
+    f->transparent = true;
+    return f;
+  }();
+  return *unknown;
+}
+
+// ---- the one cache ------------------------------------------------------------------------------
+// Keyed by operator name; entries are never freed, so the thread-local caches may point at them.
+// The lock is a leaf: nothing else is taken while it is held (schemas are read outside it).
 std::mutex g_mutex;
-// Keyed by the schema's name pointer (stable while the operator is registered); entries are
-// never freed, so thread-local caches may point at them.
-auto* g_facts = new std::unordered_multimap<const char*, std::unique_ptr<OpFacts>>();
+auto* g_facts = new std::unordered_map<c10::OperatorName, std::unique_ptr<OpFacts>>();
+
+// fork() while another thread holds g_mutex would leave it locked in the child forever: the
+// forking thread takes it around fork, so the map is consistent and the lock free on both sides.
+struct ForkHandlers {
+  ForkHandlers() {
+    pthread_atfork([] { g_mutex.lock(); }, [] { g_mutex.unlock(); }, [] { g_mutex.unlock(); });
+  }
+} fork_handlers;
+
+const OpFacts* find(const c10::OperatorName& name) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = g_facts->find(name);
+  return it != g_facts->end() ? it->second.get() : nullptr;
+}
+
+// The cached facts of `name`, computed from `schema` unless another thread was first.
+const OpFacts& insert(const c10::OperatorName& name, const c10::FunctionSchema& schema) {
+  auto facts = std::make_unique<OpFacts>(compute(schema));
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto& slot = (*g_facts)[name];
+  if (!slot) {
+    slot = std::move(facts);
+  }
+  return *slot;
+}
 
 bool same_op(const OpFacts& f, const at::RecordFunction& fn) {
   return std::strcmp(f.name.c_str(), fn.name()) == 0 &&
@@ -77,30 +173,19 @@ bool same_op(const OpFacts& f, const at::RecordFunction& fn) {
 }
 
 const OpFacts& lookup_slow(const at::RecordFunction& fn) {
-  const char* key = fn.name();
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    auto range = g_facts->equal_range(key);
-    for (auto it = range.first; it != range.second; ++it) {
-      if (same_op(*it->second, fn)) {
-        return *it->second;
-      }
-    }
+  // Not cached when schema-less: the name of such a RecordFunction is its own string.
+  const std::optional<c10::OperatorName> name = fn.operator_name();
+  if (!name.has_value()) {
+    return unknown_facts();
+  }
+  if (const OpFacts* f = find(*name)) {
+    return *f;
   }
   const std::optional<c10::FunctionSchema> schema = fn.operator_schema();
   if (!schema.has_value()) {
-    static const OpFacts* unknown = [] {
-      auto* f = new OpFacts();
-      f->transparent = true;
-      return f;
-    }();
-    return *unknown;  // not cached: the name of a schema-less RecordFunction is its own string
+    return unknown_facts();
   }
-  auto facts = std::make_unique<OpFacts>(compute(*schema));
-  std::lock_guard<std::mutex> lock(g_mutex);
-  const OpFacts& out = *facts;
-  g_facts->emplace(key, std::move(facts));
-  return out;
+  return insert(*name, *schema);
 }
 
 }  // namespace
@@ -143,6 +228,44 @@ const OpFacts& op_facts(const at::RecordFunction& fn) {
     cache[key] = &f;
   }
   return f;
+}
+
+const OpFacts& op_facts(const c10::OperatorHandle& op) {
+  // Keyed by the operator's name in its registration (stable while it is registered); checked
+  // against the facts' names in case another operator took its place.
+  thread_local std::unordered_map<const c10::OperatorName*, const OpFacts*> cache;
+  const c10::OperatorName& name = op.operator_name();
+  auto it = cache.find(&name);
+  if (it != cache.end() && it->second->name == name.name &&
+      it->second->overload == name.overload_name) {
+    return *it->second;
+  }
+  const OpFacts* f = find(name);
+  if (f == nullptr) {
+    f = &insert(name, op.schema());
+  }
+  cache[&name] = f;
+  return *f;
+}
+
+const OpFacts& op_facts(const c10::OperatorName& name) {
+  if (const OpFacts* f = find(name)) {
+    return *f;
+  }
+  // Outside our lock: the dispatcher takes its own.
+  if (const std::optional<c10::OperatorHandle> op =
+          c10::Dispatcher::singleton().findSchema(name)) {
+    return op_facts(*op);
+  }
+  return unknown_facts();  // not cached: the operator may be registered later
+}
+
+const std::vector<std::string>& no_data_ops() {
+  return *g_no_data_ops;
+}
+
+const std::vector<std::string>& host_sync_ops() {
+  return *g_host_sync_ops;
 }
 
 }  // namespace torch_pipeline

@@ -1,26 +1,40 @@
-// Per-operator facts the op observer needs, read once from the operator's schema and cached
-// (DESIGN.md §4: "cache per-operator schema facts").
+// Per-operator facts, read once from the operator's schema and cached (docs/design.md §4: "cache
+// per-operator schema facts"). The one source of what an op touches for both the tracker (which
+// looks ops up from a RecordFunction) and the sim device's kernels and race checker (which look
+// them up from an OperatorHandle or an OperatorName): every lookup of one operator returns the
+// same OpFacts object, so the two never disagree about whether an op touches memory.
 #pragma once
 
 #include <ATen/core/alias_info.h>
+#include <ATen/core/operator_name.h>
 #include <ATen/record_function.h>
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+namespace c10 {
+class OperatorHandle;
+}  // namespace c10
+
 namespace torch_pipeline {
 
 struct OpFacts {
   std::string name;            // schema name, "aten::add"
-  std::string overload;        // "Tensor"
+  std::string overload;        // "Tensor" ("" for the default overload)
+  std::string full_name;       // "aten::add.Tensor" (the op as race reports name it)
   std::vector<uint8_t> write;  // per argument: the schema marks it written (in-place, out=); for
                                // c10d collectives (unannotated) their outputs or, in place, tensors
-  // Views and metadata queries: no data access of their own. The observer looks through them to
-  // the ops they call (x.to(dtype) is aten::to, a view op, around aten::_to_copy).
+  // Views and metadata queries (and the ops listed in op_facts.cpp that touch no data): no data
+  // access of their own. The tracker looks through them to the ops they call (x.to(dtype) is
+  // aten::to, a view op, around aten::_to_copy); the sim device records nothing for them.
   bool transparent = false;
-  int non_blocking = -1;  // index of a bool argument named non_blocking, or -1
-  bool known = false;     // false: no schema (not a dispatcher op); treated as transparent
+  int non_blocking = -1;    // index of a bool argument named non_blocking, or -1
+  // The host waits for the result, like CUDA's .item() or nonzero: an op returning host values
+  // (not tensors, not torchbind objects such as a c10d Work), or one listed in op_facts.cpp whose
+  // output size depends on the data. Never set for transparent ops. Used by the sim device.
+  bool syncs_host = false;
+  bool known = false;       // false: no schema (not a dispatcher op); treated as transparent
 };
 
 // Whether an argument with this alias annotation is written by the op (Tensor(a!), or a list of
@@ -31,7 +45,19 @@ bool alias_is_write(const c10::AliasInfo* ai);
 // calls (the IValue wrapping it is made anew each time); nullptr for other values.
 const void* torchbind_target(const c10::IValue& v);
 
-// The facts of the op `fn` stands for. Thread-safe; a hit costs a thread-local hash lookup.
+// The facts of the op `fn` stands for (the tracker's hot path). Thread-safe; a hit costs a
+// thread-local hash lookup keyed by the name pointer.
 const OpFacts& op_facts(const at::RecordFunction& fn);
+// The facts of a dispatcher operator (the sim device's kernels). Thread-safe; a hit costs a
+// thread-local hash lookup keyed by the operator's entry.
+const OpFacts& op_facts(const c10::OperatorHandle& op);
+// The facts of the operator named so, or facts with known == false (transparent, nothing
+// written) when no such operator is registered.
+const OpFacts& op_facts(const c10::OperatorName& name);
+
+// The operator names (all overloads) that touch no data although their schema does not say so,
+// and those whose kernels wait for the device (for tests; see op_facts.cpp for the reasons).
+const std::vector<std::string>& no_data_ops();
+const std::vector<std::string>& host_sync_ops();
 
 }  // namespace torch_pipeline

@@ -3,6 +3,7 @@
 #include "runtime.h"
 #include "streams.h"
 #include "tracking.h"
+#include "warn.h"
 
 #include <c10/util/Exception.h>
 
@@ -58,7 +59,7 @@ PipelineImpl::~PipelineImpl() {
   try {
     tracking::pipeline_destroyed();
   } catch (const std::exception& e) {
-    TORCH_WARN("torch_pipeline: could not stop automatic synchronization: ", e.what());
+    warn(std::string("could not stop automatic synchronization: ") + e.what());
   }
 }
 

@@ -1,15 +1,15 @@
 #include "runtime.h"
 
+#include "settings.h"
 #include "streams.h"
+#include "warn.h"
 
 #include <c10/util/Exception.h>
 
 #include <pthread.h>
 
 #include <atomic>
-#include <cerrno>
-#include <cstdlib>
-#include <stdexcept>
+#include <sstream>
 #include <string>
 
 namespace torch_pipeline {
@@ -22,18 +22,8 @@ std::atomic<bool> g_cap_frozen{false};
 constexpr const char* kCapEnv = "TORCH_PIPELINE_MAX_WORKER_THREADS";
 
 int cap_from_env() {
-  const char* text = std::getenv(kCapEnv);
-  if (text == nullptr || *text == '\0') {
-    return kDefaultMaxWorkerThreads;
-  }
-  char* end = nullptr;
-  errno = 0;
-  const long value = std::strtol(text, &end, 10);
-  TORCH_CHECK_VALUE(
-      errno == 0 && end != text && *end == '\0' && value >= 1 && value <= kMaxWorkerThreadsLimit,
-      kCapEnv, "='", text, "' is not a valid worker-thread cap: expected an integer in [1, ",
-      kMaxWorkerThreadsLimit, "]");
-  return static_cast<int>(value);
+  return static_cast<int>(
+      settings::env_int(kCapEnv, 1, kMaxWorkerThreadsLimit, kDefaultMaxWorkerThreads));
 }
 
 // ---- the runtime of the current generation ---------------------------------------------------
@@ -195,16 +185,19 @@ void Runtime::note_live_stream(const c10::Stream& stream) {
   if (has_exclusive_streams(stream.device_type())) {
     return;
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  const int count = ++live_streams_[stream_key(stream)];
-  if (count == 2) {
-    TORCH_WARN_ONCE(
-        "torch_pipeline: two live pipelines share stream ", stream.id(), " on ", stream.device(),
-        ": this build draws streams from PyTorch's fixed stream pool, which hands the same stream "
-        "out again once it is exhausted. Their work is serialized (correct, but without overlap). "
-        "Keep fewer pipelines alive per device and priority, or install torch_pipeline with CUDA "
-        "support (exclusive streams).");
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (++live_streams_[stream_key(stream)] != 2) {
+      return;
+    }
   }
+  std::ostringstream os;
+  os << "two live pipelines share stream " << stream.id() << " on " << stream.device()
+     << ": this build draws streams from PyTorch's fixed stream pool, which hands the same stream "
+        "out again once it is exhausted. Their work is serialized (correct, but without "
+        "overlap). Keep fewer pipelines alive per device and priority, or install torch_pipeline "
+        "with CUDA support (exclusive streams).";
+  warn_once("shared pool stream", os.str());
 }
 
 void Runtime::note_dead_stream(const c10::Stream& stream) {

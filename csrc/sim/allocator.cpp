@@ -1,5 +1,6 @@
 #include "allocator.h"
 
+#include "fork.h"
 #include "host.h"
 #include "state.h"
 
@@ -207,6 +208,10 @@ class SimAllocator final : public c10::DeviceAllocator {
     pending_.push_back(std::move(pending));
   }
 
+  // fork(): held by the forking thread around fork() (fork.h).
+  void lock_for_fork() { mutex_.lock(); }
+  void unlock_after_fork() { mutex_.unlock(); }
+
   std::optional<c10::DeviceIndex> device_of(const void* ptr) {
     const auto p = reinterpret_cast<uintptr_t>(ptr);
     std::lock_guard<std::mutex> lock(mutex_);
@@ -357,6 +362,16 @@ bool is_pinned(const void* ptr) {
   }
   --it;
   return p < it->first + std::max<size_t>(it->second, 1);
+}
+
+void lock_allocators_for_fork() {
+  the_allocator().lock_for_fork();
+  g_pinned_mutex.lock();
+}
+
+void unlock_allocators_after_fork() {
+  g_pinned_mutex.unlock();
+  the_allocator().unlock_after_fork();
 }
 
 DeferReuseReports::DeferReuseReports(std::vector<Access>* sink) : previous_(tls_reuse_sink) {

@@ -1,5 +1,6 @@
 // enable(): registers the sim backend with c10, ATen and the dispatcher, once per process.
 #include "allocator.h"
+#include "fork.h"
 #include "kernels.h"
 #include "sim.h"
 #include "state.h"
@@ -12,11 +13,34 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <pthread.h>
+
 #include <mutex>
 
 namespace torch_pipeline {
 namespace sim {
 namespace {
+
+// enable()'s lock: the first of the sim device's locks that fork's handlers take (fork.h).
+std::mutex g_enable_mutex;
+
+void before_fork() {
+  g_enable_mutex.lock();
+  lock_allocators_for_fork();
+  lock_host_for_fork();
+  State::get().lock_for_fork();
+  lock_events_for_fork();
+  State::get().checker().lock_for_fork();
+}
+
+void after_fork() {  // in the parent and in the child
+  State::get().checker().unlock_after_fork();
+  unlock_events_after_fork();
+  State::get().unlock_after_fork();
+  unlock_host_after_fork();
+  unlock_allocators_after_fork();
+  g_enable_mutex.unlock();
+}
 
 struct SimHooks final : public at::PrivateUse1HooksInterface {
   bool isBuilt() const override {
@@ -84,9 +108,16 @@ struct SimHooks final : public at::PrivateUse1HooksInterface {
 
 }  // namespace
 
+void register_fork_handlers() {
+  static bool registered = false;  // under g_enable_mutex
+  if (!registered) {
+    registered = true;
+    pthread_atfork(&before_fork, &after_fork, &after_fork);
+  }
+}
+
 void enable(int n, bool strict) {
-  static std::mutex mutex;
-  std::lock_guard<std::mutex> lock(mutex);
+  std::lock_guard<std::mutex> lock(g_enable_mutex);
   State& st = State::get();
   const int have = st.num_devices();
   if (have > 0) {
@@ -107,6 +138,7 @@ void enable(int n, bool strict) {
       "already registered PrivateUse1 hooks in this process");
 
   st.set_strict(strict);
+  register_fork_handlers();  // before the devices exist: no thread uses them yet
   st.init_devices(n);
   c10::impl::registerDeviceGuard(kSim, make_guard_impl());
   c10::SetAllocator(kSim, device_allocator());

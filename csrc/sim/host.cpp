@@ -1,9 +1,13 @@
 #include "host.h"
 
 #include "allocator.h"
+#include "fork.h"
 #include "ops.h"
 #include "sim.h"
 #include "state.h"
+
+#include "../runtime/ivalue_tensors.h"
+#include "../runtime/op_facts.h"
 
 #include <ATen/record_function.h>
 
@@ -68,26 +72,10 @@ bool is_sim_tensor(const at::Tensor& t) {
 
 // An argument that makes the op the device's: a sim tensor, or a sim device (factories, to()).
 bool is_device_argument(const c10::IValue& v) {
-  if (v.isTensor()) {
-    return is_sim_tensor(v.toTensor());
+  if (v.isDevice()) {
+    return v.toDevice().type() == kSim;
   }
-  if (v.isTensorList()) {
-    for (const at::Tensor& x : v.toTensorList()) {
-      if (is_sim_tensor(x)) {
-        return true;
-      }
-    }
-    return false;
-  }
-  if (v.isOptionalTensorList()) {
-    for (const std::optional<at::Tensor>& x : v.toOptionalTensorList()) {
-      if (x.has_value() && is_sim_tensor(*x)) {
-        return true;
-      }
-    }
-    return false;
-  }
-  return v.isDevice() && v.toDevice().type() == kSim;
+  return any_tensor(v, is_sim_tensor);
 }
 
 // The accesses of host tensor `t` that touch pending memory, appended to `out`.
@@ -115,12 +103,8 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
       g_pending_count.load(std::memory_order_acquire) == 0) {
     return nullptr;
   }
-  const auto name = fn.operator_name();
-  if (!name.has_value()) {
-    return nullptr;
-  }
-  const OpFacts& facts = op_facts(*name);
-  if (facts.metadata_only) {
+  const OpFacts& facts = op_facts(fn);  // the tracker's facts (unknown ops are transparent)
+  if (facts.transparent) {
     return nullptr;  // not counted: what it calls is checked
   }
   ++tls_depth;
@@ -132,20 +116,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   std::vector<Access> accesses;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const bool w = i < facts.write.size() && facts.write[i] != 0;
-    const c10::IValue& v = inputs[i];
-    if (v.isTensor()) {
-      check_host_tensor(v.toTensor(), w, accesses);
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& x : v.toTensorList()) {
-        check_host_tensor(x, w, accesses);
-      }
-    } else if (v.isOptionalTensorList()) {
-      for (const std::optional<at::Tensor>& x : v.toOptionalTensorList()) {
-        if (x.has_value()) {
-          check_host_tensor(*x, w, accesses);
-        }
-      }
-    }
+    for_each_tensor(inputs[i], [&](const at::Tensor& t) { check_host_tensor(t, w, accesses); });
   }
   if (!accesses.empty()) {
     try {
@@ -216,6 +187,14 @@ void forget_async_host_accesses(uintptr_t begin, uintptr_t end) {
 size_t pending_host_accesses() {
   std::lock_guard<std::mutex> lock(g_mutex);
   return g_pending->size();
+}
+
+void lock_host_for_fork() {
+  g_mutex.lock();
+}
+
+void unlock_host_after_fork() {
+  g_mutex.unlock();
 }
 
 SimKernelScope::SimKernelScope() : previous_(tls_in_sim_kernel) {

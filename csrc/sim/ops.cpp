@@ -1,106 +1,10 @@
 #include "ops.h"
 
-#include "../runtime/op_facts.h"
-
 #include <algorithm>
-#include <memory>
-#include <mutex>
-#include <optional>
-#include <unordered_map>
-#include <unordered_set>
 #include <utility>
 
 namespace torch_pipeline {
 namespace sim {
-namespace {
-
-// ---- per-operator facts -------------------------------------------------------------------------
-bool tensor_like(const c10::TypePtr& type) {
-  switch (type->kind()) {
-    case c10::TypeKind::TensorType:
-      return true;
-    case c10::TypeKind::ListType:
-      return tensor_like(type->castRaw<c10::ListType>()->getElementType());
-    case c10::TypeKind::OptionalType:
-      return tensor_like(type->castRaw<c10::OptionalType>()->getElementType());
-    default:
-      return false;
-  }
-}
-
-const std::unordered_set<std::string>& metadata_ops() {
-  static const auto* ops = new std::unordered_set<std::string>{
-      "aten::is_set_to", "aten::_nnz", "aten::sparse_dim", "aten::dense_dim",
-      "aten::is_coalesced", "aten::_is_zerotensor", "aten::is_pinned", "aten::record_stream"};
-  return *ops;
-}
-
-const std::unordered_set<std::string>& host_sync_ops() {
-  // Ops whose CUDA kernels wait for the device: their output size depends on the data.
-  static const auto* ops = new std::unordered_set<std::string>{
-      "aten::nonzero", "aten::masked_select", "aten::_unique", "aten::_unique2",
-      "aten::unique_dim", "aten::unique_consecutive", "aten::unique_dim_consecutive",
-      "aten::repeat_interleave", "aten::equal"};
-  return *ops;
-}
-
-OpFacts compute_facts(const c10::FunctionSchema& s) {
-  OpFacts f;
-  f.name = s.name();
-  if (!s.overload_name().empty()) {
-    f.name += "." + s.overload_name();
-  }
-  bool any_write = false;
-  for (const auto& arg : s.arguments()) {
-    const bool w = alias_is_write(arg.alias_info());
-    f.write.push_back(w ? 1 : 0);
-    any_write |= w;
-  }
-  bool all_views = !s.returns().empty();
-  bool any_tensor_return = false;
-  for (const auto& ret : s.returns()) {
-    const auto* ai = ret.alias_info();
-    if (ai == nullptr || alias_is_write(ai)) {
-      all_views = false;
-    }
-    any_tensor_return |= tensor_like(ret.type());
-  }
-  f.metadata_only = (all_views && !any_write) || metadata_ops().count(s.name()) > 0;
-  f.syncs_host = !f.metadata_only &&
-      ((!s.returns().empty() && !any_tensor_return) || host_sync_ops().count(s.name()) > 0);
-  return f;
-}
-
-std::mutex g_facts_mutex;
-auto* g_facts = new std::unordered_map<c10::OperatorName, std::unique_ptr<OpFacts>>();
-
-}  // namespace
-
-const OpFacts& op_facts(const c10::OperatorHandle& op) {
-  std::lock_guard<std::mutex> lock(g_facts_mutex);
-  auto& slot = (*g_facts)[op.operator_name()];
-  if (!slot) {
-    slot = std::make_unique<OpFacts>(compute_facts(op.schema()));
-  }
-  return *slot;
-}
-
-const OpFacts& op_facts(const c10::OperatorName& name) {
-  {
-    std::lock_guard<std::mutex> lock(g_facts_mutex);
-    auto it = g_facts->find(name);
-    if (it != g_facts->end()) {
-      return *it->second;
-    }
-  }
-  // Outside our lock: the dispatcher takes its own.
-  if (const std::optional<c10::OperatorHandle> op =
-          c10::Dispatcher::singleton().findSchema(name)) {
-    return op_facts(*op);
-  }
-  static const OpFacts* unknown = new OpFacts();  // not cached: the schema may come later
-  return *unknown;
-}
 
 // ---- byte ranges -------------------------------------------------------------------------------
 void add_accesses(const at::Tensor& t, bool write, const std::string& memory,

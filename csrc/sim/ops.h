@@ -1,11 +1,11 @@
-// What an op touches, shared by the sim kernels (kernels.cpp) and the host-side check of pinned
-// memory (host.cpp): per-operator facts read from the schema, and the byte ranges of a tensor.
+// What an op touches in bytes, shared by the sim kernels and the host-side check of pinned memory
+// (host.cpp): the byte ranges of a tensor. What an op reads and writes, per argument, is in the
+// runtime's per-operator facts (csrc/runtime/op_facts.h), which the tracker uses too.
 #pragma once
 
 #include "race_checker.h"
 
 #include <ATen/core/Tensor.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 
 #include <cstdint>
 #include <string>
@@ -13,18 +13,6 @@
 
 namespace torch_pipeline {
 namespace sim {
-
-struct OpFacts {
-  std::string name;            // "aten::add.Tensor"
-  std::vector<char> write;     // per argument: the schema marks it written
-  bool metadata_only = false;  // views and queries: no data access
-  bool syncs_host = false;     // the host waits for the result (like CUDA's .item(), nonzero)
-};
-
-// The facts of an operator (computed once, cached; thread-safe). The name overload finds the
-// schema; an operator without one gets facts with no written argument.
-const OpFacts& op_facts(const c10::OperatorHandle& op);
-const OpFacts& op_facts(const c10::OperatorName& name);
 
 // A strided tensor is recorded as at most this many ranges (one per contiguous run of its bytes);
 // beyond it, its innermost non-contiguous dims are covered by their bounding ranges.

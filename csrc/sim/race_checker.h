@@ -1,4 +1,4 @@
-// Plain C++17 (no torch includes): the sim device's race checker (DESIGN.md §5).
+// Plain C++17 (no torch includes): the sim device's race checker (docs/design.md §5).
 //
 // Vector clocks over "timelines": the host (timeline 0) and every sim stream. Enqueueing an op on a
 // stream joins the host clock into the stream's and starts a new epoch of the stream; recording an
@@ -93,6 +93,11 @@ class RaceChecker {
 
   std::vector<Race> races() const;
   void clear_races();
+
+  // fork(): the forking thread holds the checker's lock around fork(), so that the child (where
+  // only that thread exists) finds it free and the history consistent. Nothing else in between.
+  void lock_for_fork() const { mutex_.lock(); }
+  void unlock_after_fork() const { mutex_.unlock(); }
   // Number of access records kept (for tests of pruning; bounded by the live conflicting state).
   size_t history_size() const;
 

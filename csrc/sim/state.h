@@ -53,6 +53,10 @@ class State {
   c10::Stream pool_stream(c10::DeviceIndex d, bool high_priority);
   std::vector<Timeline> device_timelines(c10::DeviceIndex d);
 
+  // fork(): the forking thread holds the streams' lock around fork() (fork.h).
+  void lock_for_fork() { mutex_.lock(); }
+  void unlock_after_fork() { mutex_.unlock(); }
+
  private:
   State() = default;
   struct StreamInfo {

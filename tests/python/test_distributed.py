@@ -90,11 +90,77 @@ def test_thread_groups_needs_an_initialized_process_group() -> None:
 
 def test_work_waits_are_hooked() -> None:
     """Work.wait / synchronize / block_current_stream tell automatic synchronization that an
-    async collective's outputs are ready (torch_pipeline wraps them at import)."""
+    async collective's outputs are ready (torch_pipeline wraps them on first need, here the first
+    collective())."""
+    tp.collective()
     work = torch._C._distributed_c10d.Work
     for name in ("wait", "synchronize", "block_current_stream"):
         if hasattr(work, name):
             assert getattr(getattr(work, name), "_torch_pipeline_hook", False), name
+
+
+_WORK_HOOKS_PROGRAM = """
+import os, sys, tempfile
+import torch
+import torch.distributed as dist
+
+c10d = torch._C._distributed_c10d
+classes = [c for c in vars(c10d).values() if isinstance(c, type) and issubclass(c, c10d.Work)]
+names = ("wait", "synchronize", "block_current_stream")
+before = {(c, n): c.__dict__.get(n) for c in classes for n in names}
+assert any(f is not None for f in before.values())
+
+def untouched():
+    return all(c.__dict__.get(n) is f for (c, n), f in before.items())
+
+def hooked():
+    return all(getattr(c.__dict__[n], "_torch_pipeline_hook", False)
+               for (c, n), f in before.items() if f is not None)
+
+def init():
+    path = os.path.join(tempfile.mkdtemp(), "store")
+    dist.init_process_group("gloo", init_method="file://" + path, rank=0, world_size=1)
+
+import torch_pipeline as tp
+import torch_pipeline.distributed as tpd
+p = tp.Pipeline(1)
+assert p.submit(lambda: 1).wait() == 1  # not distributed: nothing to hook
+print("IMPORTED", untouched(), flush=True)
+how = sys.argv[1]
+if how == "collective":
+    tp.collective()
+elif how == "thread_groups":
+    init()
+    print("INITIALIZED", untouched(), flush=True)
+    tpd.thread_groups()
+elif how == "pipeline":
+    init()
+    print("INITIALIZED", untouched(), flush=True)
+    tp.Pipeline()
+elif how == "submit":
+    init()
+    print("INITIALIZED", untouched(), flush=True)
+    p.submit(lambda: 2).wait()
+print("HOOKED", hooked(), flush=True)
+if dist.is_initialized():
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("how", ["collective", "thread_groups", "pipeline", "submit"])
+def test_work_hooks_are_installed_on_first_need_not_at_import(how: str) -> None:
+    """`import torch_pipeline` changes nothing in torch: c10d's Work (and its subclasses) keep
+    their own wait/synchronize/block_current_stream until torch_pipeline first needs the hooks:
+    the first collective(), thread_groups(), or a Pipeline created or a task submitted while
+    torch.distributed is initialized."""
+    proc = subprocess.run([sys.executable, "-c", _WORK_HOOKS_PROGRAM, how], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.split()
+    expected = ["IMPORTED", "True"]
+    if how != "collective":
+        expected += ["INITIALIZED", "True"]
+    assert lines == expected + ["HOOKED", "True"], proc.stdout + proc.stderr
 
 
 def test_tp_distributed_is_the_module() -> None:

@@ -337,6 +337,110 @@ def test_fork_child_normal_exit_does_not_wait_for_parent_tasks() -> None:
     assert _lines(proc.stdout) == ["CHILD-TASK", "CHILD-STATUS 0", "CHILD-QUICK True", "PARENT-QUEUED"]
 
 
+def test_fork_child_every_method_of_a_parent_pipeline_names_fork() -> None:
+    """In a fork child, every method of a parent's pipeline raises the RuntimeError that names
+    fork, at once: none hangs (synchronize used to wait for the parent's task forever) or answers
+    as if the pipeline were usable (query used to return False)."""
+    proc, _ = _run_script(
+        """
+        import os
+        import signal
+        import torch_pipeline as tp
+
+        p = tp.Pipeline()
+        other = tp.Pipeline(1)
+        assert p.submit(lambda: 1).wait() == 1  # p has a finished task, its worker thread exists
+        event = tp.PipelineEvent()
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(20)  # a hang ends the child (and fails the test)
+            fresh = tp.Pipeline()
+
+            def entered():
+                with p:
+                    pass
+
+            uses = {
+                "query": p.query,
+                "synchronize": p.synchronize,
+                "submit": lambda: p.submit(lambda: 1),
+                "stream": p.stream,
+                "record_event": p.record_event,
+                "wait_event": lambda: p.wait_event(event),
+                "wait_pipeline": lambda: p.wait_pipeline(fresh),
+                "wait_pipeline_other": lambda: fresh.wait_pipeline(p),
+                "wait_pipeline_self": lambda: p.wait_pipeline(p),
+                "enter": entered,
+                "pipeline": lambda: tp.pipeline(p),
+                "set_pipeline": lambda: tp.set_pipeline(p),
+                "decorate": lambda: p(print),
+                "event_record": lambda: tp.PipelineEvent().record(p),
+                "event_wait": lambda: event.wait(p),
+                "streams": p._streams,
+                "other_synchronize": other.synchronize,
+            }
+            ok = True
+            for name, use in uses.items():
+                try:
+                    use()
+                    print("ACCEPTED", name, flush=True)
+                    ok = False
+                except RuntimeError as e:
+                    if "fork" not in str(e):
+                        print("WRONG-ERROR", name, e, flush=True)
+                        ok = False
+            ok = ok and fresh.submit(lambda: 6 * 7).wait() == 42
+            fresh.synchronize()
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        print("CHILD-STATUS", os.waitstatus_to_exitcode(status), flush=True)
+        p.synchronize()
+        print("PARENT", p.query(), p.submit(lambda: "ok").wait(), flush=True)
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert _lines(proc.stdout) == ["CHILD-STATUS 0", "PARENT True ok"], proc.stdout
+
+
+# ---- settings ----------------------------------------------------------------------------------
+def test_bad_exit_timeout_is_a_value_error_naming_the_variable() -> None:
+    """TORCH_PIPELINE_EXIT_TIMEOUT=soon: the exit still waits for every task (as when unset),
+    then reports the ValueError of the settings reader (variable, value, what is allowed)."""
+    proc, _ = _run_script(
+        """
+        import time
+        import torch_pipeline as tp
+
+        p = tp.Pipeline()
+        p.submit(time.sleep, 0.2)
+        p.submit(print, "QUEUED-RAN", flush=True)
+        """,
+        TORCH_PIPELINE_EXIT_TIMEOUT="soon",
+    )
+    assert _lines(proc.stdout) == ["QUEUED-RAN"]
+    assert ("ValueError: TORCH_PIPELINE_EXIT_TIMEOUT='soon' is not a valid setting: expected a "
+            "number of seconds >= 0") in proc.stderr, proc.stderr
+    for bad in ("-1", "1s", "nan"):
+        proc, _ = _run_script("import torch_pipeline", TORCH_PIPELINE_EXIT_TIMEOUT=bad)
+        assert f"TORCH_PIPELINE_EXIT_TIMEOUT='{bad}' is not a valid setting" in proc.stderr, bad
+
+
+def test_bad_debug_collectives_is_a_value_error_naming_the_variable() -> None:
+    proc, _ = _run_script("import torch_pipeline", TORCH_PIPELINE_DEBUG_COLLECTIVES="yes")
+    assert proc.returncode != 0
+    assert ("ValueError: TORCH_PIPELINE_DEBUG_COLLECTIVES='yes' is not a valid setting: expected "
+            "0 or 1") in proc.stderr, proc.stderr
+    proc, _ = _run_script(
+        """
+        import torch_pipeline as tp
+        print("DEBUG", tp._C._collective_debug(), flush=True)
+        """,
+        TORCH_PIPELINE_DEBUG_COLLECTIVES="1",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert _lines(proc.stdout) == ["DEBUG True"]
+
+
 # ---- Ctrl-C ----------------------------------------------------------------------------------
 _WAIT_SCRIPT = """
 import os

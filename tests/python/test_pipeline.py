@@ -240,6 +240,33 @@ def test_exception_in_task_is_raised_by_wait() -> None:
     assert tp.Pipeline(1).submit(lambda: 7).wait() == 7
 
 
+def test_a_task_may_return_values_that_cannot_be_pickled() -> None:
+    p = tp.Pipeline(1)
+    assert list(p.submit(lambda: (i for i in range(3))).wait()) == [0, 1, 2]
+    assert p.submit(lambda: p).wait() is p
+    assert p.submit(lambda: (lambda: 5)).wait()() == 5
+
+
+def test_warnings_are_python_warnings() -> None:
+    """torch_pipeline warns through one function (csrc/runtime/warn.h), and its warnings are
+    Python warnings, also those raised on a worker thread: here a task completes its own future,
+    so completing it with the task's return value fails, which can only be warned about."""
+    box: dict[str, Any] = {}
+    ready = threading.Event()
+
+    def task() -> str:
+        ready.wait(TIMEOUT)
+        box["future"].set_exception(ValueError("completed by the task itself"))
+        return "second"
+
+    with pytest.warns(UserWarning, match="torch_pipeline: could not complete a task's future"):
+        fut = tp.Pipeline(1).submit(task)
+        box["future"] = fut
+        ready.set()
+        with pytest.raises(ValueError, match="completed by the task itself"):
+            fut.wait()
+
+
 def test_future_then_and_wait_all() -> None:
     p = tp.Pipeline(1)
     futs = [p.submit(lambda i=i: i * i) for i in range(10)]

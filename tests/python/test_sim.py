@@ -1,4 +1,4 @@
-"""The sim device (DESIGN.md §5): a race-detecting simulated accelerator.
+"""The sim device (docs/design.md §5): a race-detecting simulated accelerator.
 
 Plain PyTorch programs (no torch_pipeline pipelines unless a test says so), each asserting the race
 checker's verdict both ways: the racy program is reported, the correctly synchronized one is not.
@@ -457,6 +457,23 @@ def test_host_read_of_an_async_copy_result_inside_a_view_op_races() -> None:
     assert not found[0].later_write and found[0].earlier_write
     current(0).synchronize()
     assert torch.equal(z, torch.ones(N, dtype=torch.float64))
+
+
+@SIM_PINNED
+def test_metadata_queries_of_pinned_memory_an_async_copy_writes_do_not_race() -> None:
+    """Queries that read only metadata (sizes, strides, TensorImpl types: the list of ops that touch
+    no data in csrc/runtime/op_facts.cpp, which the tracker uses too) are not host reads."""
+    x = torch.ones(N, device="sim:0")
+    p = torch.empty(N).pin_memory()
+    q = torch.empty(N)
+    sim.synchronize(0)
+    p.copy_(x, non_blocking=True)  # D2H into p, pending
+    assert p.is_same_size(q) and torch._has_compatible_shallow_copy_type(p, q)
+    assert torch.ops.aten.stride.int(p, 0) == 1 and not p.is_set_to(q)
+    assert sim.races() == []
+    _ = p.sum()  # a read of the data still races
+    assert len(races_on(p)) == 1 and races_on(p)[0].later_op.startswith("aten::sum")
+    current(0).synchronize()
 
 
 @SIM_PINNED

@@ -1,4 +1,4 @@
-"""The sim device: a simulated accelerator that detects stream races (DESIGN.md §5).
+"""The sim device: a simulated accelerator that detects stream races (docs/design.md §5).
 
 PyTorch's PrivateUse1 backend, renamed ``"sim"``, written in C++ (``csrc/sim``): devices
 ``sim:0 .. sim:N-1`` over host memory, an allocator that caches and reuses blocks per stream like
@@ -33,6 +33,7 @@ backward, and a backward on sim after one that ran before enable() fails inside 
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 import threading
 from typing import List, Optional, Sequence, Union
@@ -71,6 +72,15 @@ DeviceLike = Union[torch.device, str, int, None]
 
 _BACKEND = "sim"
 _lock = threading.Lock()
+
+
+def _new_lock_in_child() -> None:
+    # A child forked while another thread held _lock (inside enable()) would find it locked forever.
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 def enable(num_devices: int = 2, strict: bool = False) -> None:
@@ -250,6 +260,45 @@ def set_stream(stream: torch.Stream) -> None:
     """Makes ``stream`` the calling thread's current stream of its device."""
     _require_enabled()
     torch.accelerator.set_stream(stream)
+
+
+class device:
+    """Context manager that makes ``device`` the current sim device (like ``torch.cuda.device``).
+
+    Example::
+
+        with torch_pipeline.sim.device(1):
+            x = torch.ones(4, device="sim")   # on sim:1
+    """
+
+    def __init__(self, device: DeviceLike) -> None:
+        self.index = -1 if device is None else _index(device)
+        self.previous = -1
+
+    def __enter__(self) -> None:
+        if self.index >= 0:
+            self.previous = current_device()
+            set_device(self.index)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.index >= 0:
+            set_device(self.previous)
+
+
+def get_amp_supported_dtype() -> List[torch.dtype]:
+    """Data types autocast may use on sim (its kernels are CPU kernels)."""
+    return [torch.bfloat16, torch.float16]
+
+
+def get_rng_state(device: DeviceLike = None) -> torch.Tensor:
+    """Random ops on sim draw from the CPU generator: its state (used by activation
+    checkpointing to replay dropout)."""
+    return torch.get_rng_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device: DeviceLike = None) -> None:
+    """Restores what :func:`get_rng_state` returned."""
+    torch.set_rng_state(new_state)
 
 
 def manual_seed_all(seed: int) -> None:

@@ -23,7 +23,8 @@ void host_access(const std::vector<Access>& cpu, std::vector<StorageId>& reads,
                  std::vector<StorageId>& writes) {
   LiveState& st = state();
   std::vector<std::shared_ptr<c10::Event>> events;
-  std::vector<Position> waits;
+  std::vector<Position> waits;    // the device waits, and how far each event reaches
+  std::vector<uint64_t> reaches;
   uint64_t period = 0;
   Position position;
   {
@@ -40,13 +41,20 @@ void host_access(const std::vector<Access>& cpu, std::vector<StorageId>& reads,
     if (reads.empty() && writes.empty()) {
       return;
     }
-    auto launch = st.tracker->launch(host_stream(), reads, writes);
+    auto launch = st.tracker->launch(host_stream(), reads, writes, [&](const Position& w) {
+      if (is_host(w.stream)) {
+        return w.seq;
+      }
+      Reach r = event_at_locked(st, w);
+      events.push_back(std::move(r.event));
+      reaches.push_back(r.reach);
+      return r.reach;
+    });
     for (const Position& w : launch.waits) {
       if (!is_host(w.stream)) {
-        events.push_back(event_at_locked(st, w));
+        waits.push_back(w);
       }
     }
-    waits = std::move(launch.waits);
     position = launch.position;
     period = st.period;
   }
@@ -58,8 +66,8 @@ void host_access(const std::vector<Access>& cpu, std::vector<StorageId>& reads,
   if (st.period != period) {
     return;
   }
-  for (const Position& w : waits) {
-    st.tracker->completed(w);
+  for (size_t i = 0; i < waits.size(); ++i) {
+    st.tracker->completed(waits[i], reaches[i]);
   }
   st.tracker->completed(position);  // the CPU op runs now, synchronously
 }

@@ -90,13 +90,21 @@ void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool asy
       (a.write ? writes : reads).push_back(e.id);
     }
     end_run_locked(run, st, se.id);
-    const auto launch = st.tracker->launch(se.id, reads, writes);
-    se.log.start(launch.position.seq);  // in flight until finish()
-    for (const Position& w : launch.waits) {
-      if (!is_host(w.stream)) {  // (a host op of another thread still synchronizing: racy)
-        event_at_locked(st, w)->block(stream);
+    auto& wait_events = run.wait_events;
+    wait_events.clear();
+    const auto launch = st.tracker->launch(se.id, reads, writes, [&](const Position& w) {
+      if (is_host(w.stream)) {  // (a host op of another thread still synchronizing: racy)
+        return w.seq;
       }
+      Reach r = event_at_locked(st, w);
+      wait_events.push_back(std::move(r.event));
+      return r.reach;
+    });
+    se.log.start(launch.position.seq);  // in flight until finish()
+    for (const auto& ev : wait_events) {
+      ev->block(stream);
     }
+    wait_events.clear();
     count(g_counters.launches);
     count(g_counters.waits, launch.waits.size());
     launched.push_back(Launched{stream, se.id, launch.position.seq});

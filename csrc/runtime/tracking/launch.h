@@ -10,6 +10,7 @@
 
 #include <c10/core/Device.h>
 
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -28,6 +29,7 @@ struct ThreadRun {
   // Scratch space.
   std::vector<StorageId> reads, writes;
   std::vector<c10::Device> devices;
+  std::vector<std::shared_ptr<c10::Event>> wait_events;  // the events a launch waits on
 };
 ThreadRun& thread_run();
 

@@ -41,17 +41,17 @@ StreamEntry* find_stream_locked(LiveState& st, StreamId id) {
   return it == st.by_id.end() ? nullptr : it->second;
 }
 
-std::shared_ptr<c10::Event> event_at_locked(LiveState& st, const Position& p) {
+Reach event_at_locked(LiveState& st, const Position& p) {
   StreamEntry& e = *st.by_id.at(p.stream);
   if (const auto* kept = e.log.event_at(p.seq)) {
-    return kept->second;
+    return Reach{kept->second, p.seq};
   }
   // Not kept: the thread that launched p is still on that stream (or p is that old). Not kept
   // either, since a position launched there by another thread may still be mid-launch.
   auto ev = std::make_shared<c10::Event>(e.stream.device_type());
   ev->record(e.stream);
   count(g_counters.events);
-  return ev;
+  return Reach{std::move(ev), std::min(p.seq, e.log.settled())};
 }
 
 void record_locked(LiveState& st, StreamId id, uint64_t seq) {

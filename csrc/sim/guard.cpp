@@ -1,0 +1,207 @@
+// Events and the DeviceGuardImpl of the sim device: c10's interface to its devices, streams and
+// events. An event is a snapshot of a stream's vector clock (race_checker.h).
+#include "allocator.h"
+#include "fork.h"
+#include "state.h"
+
+#include <c10/util/Exception.h>
+
+#include <chrono>
+#include <mutex>
+#include <optional>
+
+namespace torch_pipeline {
+namespace sim {
+namespace {
+
+// Guards the state of every event. record() may run on one thread while block/synchronize/query
+// read the event on another (torch allows that, as CUDA does). One lock for all events (held for a
+// copy of a clock), so that fork() can take it (fork.h).
+std::mutex g_events_mutex;
+
+// An event's state (guarded by g_events_mutex).
+struct SimEvent {
+  struct Recorded {
+    VectorClock clock;
+    bool recorded = false;
+    c10::DeviceIndex device = -1;
+    std::chrono::steady_clock::time_point time;
+  };
+
+  explicit SimEvent(bool timing) : timing(timing) {}
+
+  Recorded get() const {
+    std::lock_guard<std::mutex> lock(g_events_mutex);
+    return state;
+  }
+
+  void set(Recorded r) {
+    std::lock_guard<std::mutex> lock(g_events_mutex);
+    state = std::move(r);
+  }
+
+  // The clock to wait for, if recorded.
+  std::optional<VectorClock> clock() const {
+    std::lock_guard<std::mutex> lock(g_events_mutex);
+    if (!state.recorded) {
+      return std::nullopt;
+    }
+    return state.clock;
+  }
+
+  const bool timing;
+
+ private:
+  Recorded state;
+};
+
+struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override {
+    return kSim;
+  }
+
+  c10::Device exchangeDevice(c10::Device d) const override {
+    const c10::Device old = getDevice();
+    setDevice(d);
+    return old;
+  }
+
+  c10::Device getDevice() const override {
+    return c10::Device(kSim, current_device());
+  }
+
+  void setDevice(c10::Device d) const override {
+    TORCH_CHECK(d.type() == kSim, "sim device guard got a device of type ", d.type());
+    set_current_device(check_device(d.index()));
+  }
+
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    if (d.index() >= 0 && d.index() < State::get().num_devices()) {
+      set_current_device(d.index());
+    }
+  }
+
+  c10::Stream getStream(c10::Device d) const override {
+    return current_stream(check_device(d.index()));
+  }
+
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::DEFAULT, c10::Device(kSim, check_device(d.index())));
+  }
+
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool high_priority) const override {
+    return State::get().pool_stream(d.index(), high_priority);
+  }
+
+  c10::Stream getNewStream(c10::Device d, int priority) const override {
+    // Like CUDA's: a stream of the pool of that priority (exclusive streams for pipelines come
+    // from the factory that enable() registers).
+    return State::get().pool_stream(d.index(), priority);
+  }
+
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    return exchange_stream(s);
+  }
+
+  void* getStreamNativeHandle(const c10::Stream s) const override {
+    // No native object: the timeline id serves as an opaque, unique handle.
+    return reinterpret_cast<void*>(static_cast<uintptr_t>(State::get().timeline(s)));
+  }
+
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    delete static_cast<SimEvent*>(event);
+  }
+
+  void record(
+      void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
+      const c10::EventFlag flag) const override {
+    TORCH_CHECK(
+        device_index == -1 || device_index == stream.device_index(), "event of device sim:",
+        static_cast<int>(device_index), " cannot be recorded on a stream of ", stream.device());
+    const Timeline t = State::get().timeline(stream);
+    auto* e = static_cast<SimEvent*>(*event);
+    if (e == nullptr) {
+      e = new SimEvent(flag == c10::EventFlag::BACKEND_DEFAULT);
+      *event = e;
+    }
+    SimEvent::Recorded r;
+    r.clock = State::get().checker().snapshot(t);
+    r.recorded = true;
+    r.device = stream.device_index();
+    r.time = std::chrono::steady_clock::now();
+    e->set(std::move(r));
+  }
+
+  void block(void* event, const c10::Stream& stream) const override {
+    const Timeline t = State::get().timeline(stream);
+    auto* e = static_cast<SimEvent*>(event);
+    const auto clock = e != nullptr ? e->clock() : std::nullopt;
+    if (!clock.has_value()) {
+      return;  // never recorded: nothing to wait for
+    }
+    State::get().checker().join(t, *clock);
+  }
+
+  bool queryEvent(void* event) const override {
+    synchronizeEvent(event);  // eager execution: a recorded event is complete
+    return true;
+  }
+
+  c10::DeviceIndex deviceCount() const noexcept override {
+    return static_cast<c10::DeviceIndex>(State::get().num_devices());
+  }
+
+  bool queryStream(const c10::Stream& stream) const override {
+    synchronizeStream(stream);
+    return true;
+  }
+
+  void synchronizeStream(const c10::Stream& stream) const override {
+    host_sync(State::get().timeline(stream));
+  }
+
+  void synchronizeEvent(void* event) const override {
+    auto* e = static_cast<SimEvent*>(event);
+    const auto clock = e != nullptr ? e->clock() : std::nullopt;
+    if (clock.has_value()) {
+      host_join(*clock);
+    }
+  }
+
+  void synchronizeDevice(const c10::DeviceIndex device_index) const override {
+    synchronize(check_device(device_index));
+  }
+
+  void recordDataPtrOnStream(const c10::DataPtr& data_ptr, const c10::Stream& stream) const override {
+    record_stream(data_ptr, stream);
+  }
+
+  double elapsedTime(void* event1, void* event2, const c10::DeviceIndex) const override {
+    auto* a = static_cast<SimEvent*>(event1);
+    auto* b = static_cast<SimEvent*>(event2);
+    const SimEvent::Recorded ra = a != nullptr ? a->get() : SimEvent::Recorded{};
+    const SimEvent::Recorded rb = b != nullptr ? b->get() : SimEvent::Recorded{};
+    TORCH_CHECK(ra.recorded && rb.recorded, "elapsed_time: both events must have been recorded");
+    TORCH_CHECK(
+        a->timing && b->timing,
+        "elapsed_time: both events must be created with argument 'enable_timing=True'");
+    return std::chrono::duration<double, std::milli>(rb.time - ra.time).count();
+  }
+};
+
+}  // namespace
+
+const c10::impl::DeviceGuardImplInterface* make_guard_impl() {
+  return new SimGuardImpl();
+}
+
+void lock_events_for_fork() {
+  g_events_mutex.lock();
+}
+
+void unlock_events_after_fork() {
+  g_events_mutex.unlock();
+}
+
+}  // namespace sim
+}  // namespace torch_pipeline
