@@ -194,18 +194,22 @@ def test_allocator_safety_is_read_on_first_use(value: str, expected: str) -> Non
 
 
 # ---- fork -------------------------------------------------------------------------------------------
-# In a fresh process without the sim device: the sim's own locks are not reset in a forked child, so
-# a child could block on one a parent's thread held (the tracker is what this test is about). The
-# parent's second thread keeps a pipeline alive (tracking live; no callback changes: a fork while a
-# thread takes torch's callback-registry lock, as every thread does once after a change, hangs the
-# child in torch) and submits tasks that pin CPU tensors, whose writes take the tracker's locks,
-# while the main thread forks; each child must start idle (the parent's pipelines do not count),
-# go live with its own pipeline, track, go idle and exit 0.
+# In a fresh process, on CPU tensors and on the sim device (argv[2]). The parent's second thread
+# keeps a pipeline alive (tracking live, and no callback changes: a fork while a thread takes
+# torch's callback-registry lock, as every thread does once after a change, hangs the child inside
+# torch) and submits tasks that pin its tensors, whose writes take the tracker's locks, while the
+# main thread forks. Each child must start idle (the parent's pipelines do not count), go live
+# with its own pipeline, track, go idle and exit 0, within a timeout.
 _FORK_PROGRAM = r"""
 import gc, os, signal, sys, threading, time
 import torch
 import torch_pipeline as tp
 from torch_pipeline import _C
+
+DEVICE = sys.argv[2]
+if DEVICE == "sim:0":
+    import torch_pipeline.sim as sim
+    sim.enable(num_devices=1)
 
 def live():
     return _C._tracking_stats()["live"]
@@ -213,7 +217,7 @@ def live():
 stop = threading.Event()
 
 def work():
-    x = torch.ones(64)
+    x = torch.ones(64, device=DEVICE)
     p = tp.Pipeline()
     while not stop.is_set():
         f = p.submit(lambda t: t.sum(), x)
@@ -230,11 +234,15 @@ def child():
     p = tp.Pipeline()
     if not live():
         return 3
-    a = torch.ones(64)
+    a = torch.ones(64, device=DEVICE)
     f = p.submit(lambda t: t * 2, a)
     a.mul_(3)
-    if not torch.equal(f.wait(), torch.full((64,), 2.0)):
+    if not torch.equal(f.wait().cpu(), torch.full((64,), 2.0)):
         return 4
+    with tp.pipeline(p):
+        b = a * 2
+    if not torch.equal((b + 1).cpu(), torch.full((64,), 7.0)):
+        return 6
     del p, f
     gc.collect()
     if live():
@@ -276,13 +284,14 @@ sys.exit(0 if codes == [0] * len(codes) else 1)
 """
 
 
-def test_fork_while_another_thread_tracks() -> None:
+@pytest.mark.parametrize("device", ["cpu", "sim:0"])
+def test_fork_while_another_thread_tracks(device: str) -> None:
     import subprocess
     import sys
 
     env = dict(os.environ)
     env.pop("TORCH_PIPELINE_SIM_TEST_CHILD", None)
-    result = subprocess.run([sys.executable, "-c", _FORK_PROGRAM, "40"], env=env,
+    result = subprocess.run([sys.executable, "-c", _FORK_PROGRAM, "40", device], env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, (
         f"child exit codes (-999: timed out): {result.stdout[-2000:]} {result.stderr[-2000:]}")
