@@ -102,10 +102,7 @@ core::LiveSwitch& live_switch() {
   return *sw;
 }
 
-// In the child, right after fork (only the forking thread exists; other threads of the parent
-// may have held the tracker's locks): new state and locks, nothing live, no pipelines or pins
-// (the parent's pipelines and tasks are left be in a child: see Runtime::current_generation),
-// the parent's callback forgotten until the next switch.
+// Around fork(): no switch is adding or removing the callback while the process is copied.
 void before_fork() {
   g_registering.lock();  // (a switch in progress finishes adding or removing the callback first)
 }
@@ -114,6 +111,10 @@ void after_fork_in_parent() {
   g_registering.unlock();
 }
 
+// In the child, right after fork (only the forking thread exists; other threads of the parent
+// may have held the tracker's locks): new state and locks, nothing live, no pipelines or pins
+// (the parent's pipelines and tasks are left be in a child: see Runtime::current_generation),
+// the parent's callback adopted at the next go_live.
 void after_fork_in_child() {
   g_registering.unlock();  // (locked by this thread, before the fork)
   g_fork_generation.fetch_add(1);
