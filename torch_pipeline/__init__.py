@@ -16,7 +16,7 @@ the same streams; live pipelines never share one (with the CUDA build). The API 
 
 The package is a thin layer over the compiled ``torch_pipeline._C`` (pipelines, events, worker
 threads; see ``_C.pyi``) with small modules for the rest: ``_tasks`` (TaskFuture), ``_decorators``
-(``pipelined``), ``_collectives`` (``collective``, ``comm_stream``), ``_tracking`` (``track``),
+(``pipelined``), ``_collectives`` (``collective``, ``comm_stream``), ``_tracking`` (``track``, ``tracking_stats``),
 ``_exit`` (the interpreter-exit drain). Importing it changes nothing in torch.
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ from . import _exit  # noqa: F401  (registers the interpreter-exit handler)
 from ._collectives import collective, comm_stream
 from ._decorators import pipelined
 from ._tasks import TaskFuture
-from ._tracking import track
+from ._tracking import track, tracking_stats
 
 __version__ = "0.1.0"
 
@@ -64,6 +64,7 @@ __all__ = [
     "comm_stream",
     "synchronize",
     "track",
+    "tracking_stats",
 ]
 
 

@@ -2,13 +2,41 @@
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Iterable, List, Optional, Type, Union
+from typing import Any, Dict, Iterable, List, Optional, Type, Union
 
 import torch
 
 from . import _C
 
-__all__ = ["track"]
+__all__ = ["track", "tracking_stats"]
+
+
+def tracking_stats() -> Dict[str, Any]:
+    """Counters of automatic synchronization, for monitoring and bug reports.
+
+    Keys (counts since the process started unless marked *now*):
+
+    * ``live`` -- tracking is on now (a non-default pipeline, or a task pinning tensors, is alive)
+    * ``ops`` -- ops observed; ``launches`` -- their launches on streams (one per device stream)
+    * ``waits`` -- event waits inserted on streams; ``events`` -- events recorded for them
+    * ``host_waits`` -- CPU ops that first waited for a ``non_blocking`` copy
+    * ``pin_waits`` -- writes that waited for a task pinning their tensor
+    * ``keep_alives`` / ``released`` -- storages kept alive for a use off their allocation stream,
+      and those let go since; ``kept_alive`` / ``kept_alive_bytes`` -- kept alive *now*
+    * ``record_streams`` -- storages handed to the caching allocator's ``record_stream`` instead
+    * ``storages`` / ``streams`` -- storages and streams with tracked state *now* (bounded by the
+      live storages and streams, whatever the number of ops)
+    * ``unclaimed`` -- ops on tensors without storage (``torch.func`` transforms, wrapper
+      subclasses such as DTensor) left to the ops they call, which are tracked instead
+    * ``gaps`` / ``gap_ops`` -- ops on a device whose memory accesses could not be accounted for,
+      and their names (each also warned about once: declare such accesses with :class:`track`)
+
+    Example::
+
+        >>> s = tp.tracking_stats()
+        >>> print(s["waits"], s["kept_alive_bytes"], s["gap_ops"])
+    """
+    return dict(_C._tracking_stats())
 
 TensorsLike = Union[torch.Tensor, Iterable[torch.Tensor]]
 

@@ -42,6 +42,12 @@ class KeepAliveQueue {
     return n;
   }
   // Moves every item to `out` (f(seq, item&) first, e.g. to hand it to the allocator); returns how many.
+  // Calls f(seq, item) for each item kept (oldest first), leaving them kept.
+  template <typename F>
+  void for_each(F&& f) const {
+    for (const auto& [seq, item] : items_) f(seq, item);
+  }
+
   template <typename F>
   size_t take_all(std::vector<T>& out, F&& f) {
     const size_t n = items_.size();

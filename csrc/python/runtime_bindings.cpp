@@ -174,10 +174,18 @@ device); both need enable_timing=True.
     d["keep_alives"] = s.keep_alives;
     d["released"] = s.released;
     d["kept_alive"] = s.kept_alive;
+    d["kept_alive_bytes"] = s.kept_alive_bytes;
     d["storages"] = s.storages;
     d["streams"] = s.streams;
+    d["unclaimed"] = s.unclaimed;
+    d["gaps"] = s.gaps;
+    py::list gap_ops;
+    for (const std::string& name : s.gap_ops) {
+      gap_ops.append(py::str(name));
+    }
+    d["gap_ops"] = gap_ops;
     return d;
-  }, "Counters of automatic synchronization (for tests and monitoring).");
+  }, "Counters of automatic synchronization (torch_pipeline.tracking_stats()).");
   m.def("_cuda_exclusive_streams", [] { return has_exclusive_streams(c10::kCUDA); });
 }
 

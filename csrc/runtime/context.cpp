@@ -114,6 +114,26 @@ DeviceStreams lane_streams(PipelineImpl& p) {
   return lane;
 }
 
+bool in_pipeline() {
+  const PipelinePtr& cur = tls.current;
+  return cur != nullptr && !cur->is_default();
+}
+
+void enter_device(const c10::Device& device) {
+  const PipelinePtr& cur = tls.current;
+  if (cur == nullptr || cur->is_default() || device.is_cpu()) {
+    return;
+  }
+  // What the innermost open context (or, outside any, set_pipeline) restores.
+  auto& saved = tls.stack.empty() ? tls.base : tls.stack.back().saved;
+  if (has_device(saved, device)) {
+    return;  // switched already
+  }
+  const c10::Stream mine = cur->own_stream(device);  // acquired on first use
+  const c10::Stream replaced = exchange(mine);
+  saved.push_back(replaced);
+}
+
 c10::Stream pipeline_stream(PipelineImpl& p, const c10::Device& device) {
   const c10::Device d = check_stream_device(device);
   p.check_usable();

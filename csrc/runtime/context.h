@@ -18,6 +18,16 @@ void exit_pipeline(const PipelineImpl* p);
 // context's exit restores what was current before it.
 void set_pipeline(const PipelinePtr& p);
 
+// Whether a non-default pipeline is current on this thread (one thread-local read).
+bool in_pipeline();
+
+// Before an op runs on accelerator `device` (automatic synchronization calls it): if a
+// non-default pipeline is current and its context has not switched `device` yet, acquires the
+// pipeline's stream there and makes it the current stream for the rest of the context; the
+// context's exit restores the stream it replaced (also when the body raises). So a pipeline is a
+// lane over every device it touches, not only those it had streams on when it was entered.
+void enter_device(const c10::Device& device);
+
 // The streams of `p` on the devices it works on, as seen from this thread: for a pipeline, its
 // own streams plus its stream on the current accelerator device (acquired on first use); for the
 // default pipeline, the streams that were current before this thread entered its outermost

@@ -36,6 +36,9 @@ const std::vector<std::string>* g_no_data_ops = new std::vector<std::string>{
     "aten::is_inference", "aten::is_leaf", "aten::output_nr", "aten::_version",
     // Compare two tensors' metadata (sizes; TensorImpl types; storage and geometry), not bytes.
     "aten::is_same_size", "aten::_has_compatible_shallow_copy_type", "aten::is_set_to",
+    "aten::_has_same_storage_numel",  // (autograd checks it on tensors of torch.func levels)
+    // Forward-mode AD plumbing: splits a dual tensor into its primal (a view) and tangent.
+    "aten::_unpack_dual",
     // Sparse tensors' metadata.
     "aten::_nnz", "aten::sparse_dim", "aten::dense_dim", "aten::is_coalesced",
     // Asks the allocator about the data pointer.

@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace torch_pipeline {
@@ -89,8 +90,13 @@ struct Stats {
   uint64_t keep_alives = 0;     // storages kept alive for allocator safety (uses off their stream)
   uint64_t released = 0;        // of those, let go after their use completed
   uint64_t kept_alive = 0;      // kept alive now
+  uint64_t kept_alive_bytes = 0;  // their bytes
   uint64_t storages = 0;        // storages with tracked state now
   uint64_t streams = 0;         // streams known in the current live period
+  uint64_t unclaimed = 0;       // ops on tensors without storage (torch.func, wrapper subclasses)
+                                // left to the ops they call
+  uint64_t gaps = 0;            // ops seen on a device whose accesses could not be accounted for
+  std::vector<std::string> gap_ops;  // their operator names (each warned about once)
 };
 Stats stats();
 

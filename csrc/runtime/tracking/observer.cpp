@@ -3,6 +3,7 @@
 // launch and collectives rooms.
 #include "observer.h"
 
+#include "../context.h"
 #include "../ivalue_tensors.h"
 #include "../op_facts.h"
 #include "../warn.h"
@@ -40,8 +41,50 @@ struct Tls {
   std::vector<bool> list_writes;       // ... and their write flags
   std::vector<Access> scratch;
   std::vector<at::Tensor> fresh;
+  // Ops left to the ops they call (tensors without storage, see on_start), innermost last: their
+  // level, their facts, whether they touch an accelerator, and `observed` when they started.
+  struct Unclaimed {
+    int level;
+    const OpFacts* facts;
+    bool on_device;
+    uint64_t observed;
+  };
+  std::vector<Unclaimed> unclaimed;
+  uint64_t observed = 0;  // ops this thread looked at (not transparent), nested ones included
 };
 thread_local Tls tls;
+
+// A tensor the tracker cannot follow to memory: defined, with elements, but without storage data
+// and not on meta memory: a torch.func BatchedTensor or GradTrackingTensor, a __torch_dispatch__
+// wrapper subclass (the pattern DTensor is built on), a sparse tensor. The op it stands for runs
+// its real work in the ops it calls, on real tensors.
+bool opaque(const at::Tensor& x) {
+  if (has_data(x) || x.is_meta()) {
+    return false;
+  }
+  if (x.has_storage() && x.storage().device().is_meta()) {
+    return false;  // a fake tensor (tracing): no memory at all
+  }
+  const auto n = x.unsafeGetTensorImpl()->sym_numel().maybe_as_int();
+  return !n.has_value() || *n > 0;
+}
+
+// 0: no opaque tensor among the inputs; 1: only on the CPU; 2: one on an accelerator.
+int opaque_inputs(const c10::ArrayRef<c10::IValue>& inputs) {
+  int kind = 0;
+  for (const c10::IValue& v : inputs) {
+    for_each_tensor(v, [&](const at::Tensor& x) {
+      if (opaque(x)) {
+        kind = std::max(kind, x.device().is_cpu() ? 1 : 2);
+      }
+      return kind == 2;
+    });
+    if (kind == 2) {
+      break;
+    }
+  }
+  return kind;
+}
 
 void add_tensor(const at::Tensor& t, bool write, std::vector<Access>& out) {
   if (has_data(t)) {
@@ -64,6 +107,29 @@ bool on_device(const c10::IValue& v) {
   return any_tensor(v, [](const at::Tensor& x) { return !x.device().is_cpu(); });
 }
 
+// Inside a pipeline context: the devices the op runs on join the pipeline's lane before it
+// launches (context.h, enter_device): its tensors' devices and its device arguments.
+void enter_devices(const c10::ArrayRef<c10::IValue>& inputs) {
+  for (const c10::IValue& v : inputs) {
+    if (v.isDevice()) {
+      c10::Device d = v.toDevice();
+      if (!d.is_cpu() && !d.is_meta()) {
+        if (!d.has_index()) {
+          d = c10::Device(d.type(), c10::impl::getDeviceGuardImpl(d.type())->getDevice().index());
+        }
+        enter_device(d);
+      }
+    } else {
+      for_each_tensor(v, [](const at::Tensor& x) {
+        const c10::Device d = x.device();
+        if (!d.is_cpu() && !d.is_meta()) {
+          enter_device(d);
+        }
+      });
+    }
+  }
+}
+
 void begin_op(const at::RecordFunction& fn, const OpFacts& facts, Tls& t) {
   t.launched.clear();
   t.inputs.clear();
@@ -79,6 +145,9 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, Tls& t) {
       std::none_of(inputs.begin(), inputs.end(), on_device);
   if (t.host_only) {
     return;
+  }
+  if (in_pipeline()) {
+    enter_devices(inputs);
   }
   bool any_device = false;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -173,7 +242,19 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     return nullptr;  // a forked child's copy of the parent's callback, or being removed
   }
   const OpFacts& facts = op_facts(fn);
+  const auto inputs = fn.inputs();
+  // The outermost op *that touches real storage* is the one tracked: an op on tensors without
+  // storage (torch.func transforms, wrapper subclasses) is left to the ops it calls, which are
+  // observed in its place. One that calls none on a device is a gap (on_end).
+  // (RecordFunctions without a schema, e.g. autograd's "detach", are not dispatcher ops: what
+  // they do runs in the ops they call, if any, which are observed.)
   if (facts.transparent) {
+    return nullptr;
+  }
+  ++t.observed;
+  if (const int opaque = opaque_inputs(inputs)) {
+    t.unclaimed.push_back(Tls::Unclaimed{t.level, &facts, opaque == 2, t.observed});
+    count(g_counters.unclaimed);
     return nullptr;
   }
   t.active = t.level;
@@ -212,6 +293,14 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     if (!run.keep_alive.empty()) {
       record_instead(run.keep_alive);  // (begin_op failed after choosing to keep alive)
     }
+  } else if (!t.unclaimed.empty() && t.unclaimed.back().level == t.level) {
+    const Tls::Unclaimed u = t.unclaimed.back();
+    t.unclaimed.pop_back();
+    if (u.on_device && t.observed == u.observed) {  // it called no op the tracker could look at
+      report_gap(u.facts->full_name,
+                 "its tensors have no storage the tracker can follow, and it called no operator "
+                 "that has");
+    }
   }
   --t.level;
 }
@@ -228,6 +317,7 @@ at::CallbackHandle add_observer() {
 void reset_observer_thread_after_fork() {
   tls.level = 0;
   tls.active = 0;
+  tls.unclaimed.clear();
   thread_run().last = Position{};
   thread_run().keep_alive.clear();
 }

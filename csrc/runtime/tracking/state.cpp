@@ -2,6 +2,11 @@
 // the current live period and its reset, and stats(). Touches only what state.h declares.
 #include "state.h"
 
+#include "../warn.h"
+
+#include <algorithm>
+#include <string>
+
 #include "storages.h"
 
 namespace torch_pipeline {
@@ -55,6 +60,40 @@ void reset_locked(LiveState& st) {
   g_host_watch.store(0, std::memory_order_relaxed);
 }
 
+namespace {
+std::mutex& gap_mutex() {
+  static auto* m = new std::mutex();
+  return *m;
+}
+std::vector<std::string>& gap_names() {  // one per operator name: bounded by the operators
+  static auto* names = new std::vector<std::string>();
+  return *names;
+}
+}  // namespace
+
+void report_gap(const std::string& op, const std::string& why) {
+  count(g_counters.gaps);
+  {
+    std::lock_guard<std::mutex> lock(gap_mutex());
+    auto& names = gap_names();
+    if (std::find(names.begin(), names.end(), op) != names.end()) {
+      return;
+    }
+    names.push_back(op);
+  }
+  warn_once("gap: " + op,
+            "automatic synchronization cannot see the memory that " + op + " touches (" + why +
+                "): its accesses are not ordered against other streams. Declare them with `with "
+                "torch_pipeline.track(read=[...], write=[...]):` around the call, or run it on "
+                "the default pipeline. (Warned once per operator; "
+                "torch_pipeline.tracking_stats()['gap_ops'] lists them.)");
+}
+
+std::vector<std::string> gap_ops() {
+  std::lock_guard<std::mutex> lock(gap_mutex());
+  return gap_names();
+}
+
 bool has_data(const at::Tensor& t) {
   return t.defined() && t.has_storage() && t.storage().data() != nullptr;
 }
@@ -74,10 +113,17 @@ Stats stats() {
   s.pin_waits = g_counters.pin_waits.load();
   s.keep_alives = g_counters.keep_alives.load();
   s.released = g_counters.released.load();
+  s.unclaimed = g_counters.unclaimed.load();
+  s.gaps = g_counters.gaps.load();
+  s.gap_ops = gap_ops();
   LiveState& st = state();
   std::lock_guard<std::mutex> lock(st.mutex);
   s.storages = st.tracker->num_storages();
   s.kept_alive = st.kept_alive;
+  for (const auto& [stream, entry] : st.streams) {
+    entry->kept.for_each(
+        [&](uint64_t, const c10::Storage& storage) { s.kept_alive_bytes += storage.nbytes(); });
+  }
   s.streams = st.streams.size();
   return s;
 }

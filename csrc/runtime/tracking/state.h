@@ -57,12 +57,17 @@ extern std::atomic<int64_t> g_host_watch;  // watched CPU storages, not swept
 
 struct Counters {
   std::atomic<uint64_t> ops{0}, launches{0}, waits{0}, events{0}, host_waits{0},
-      record_streams{0}, pin_waits{0}, keep_alives{0}, released{0};
+      record_streams{0}, pin_waits{0}, keep_alives{0}, released{0}, unclaimed{0}, gaps{0};
 };
 extern Counters g_counters;
 inline void count(std::atomic<uint64_t>& c, uint64_t n = 1) {
   c.fetch_add(n, std::memory_order_relaxed);
 }
+
+// A gap (docs/design.md §4, "no silent gaps"): an op on a device whose accesses the tracker
+// cannot account for. Counted, its name kept, and warned about once per operator name.
+void report_gap(const std::string& op, const std::string& why);
+std::vector<std::string> gap_ops();
 
 // The host timelines (CPU ops on watched memory): one per thread, ids -1, -2, ...
 StreamId host_stream();
