@@ -8,7 +8,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, List
 
 import torch
 import torch.distributed as dist
@@ -82,7 +82,45 @@ def shared_group(rank: int, world: int) -> Dict[str, Any]:
     return {"clean": clean, "hazards": tpd.hazards()}
 
 
+def ddp_in_pipelines(rank: int, world: int) -> Dict[str, Any]:
+    """DDP training (Gloo) with the forward inside a pipeline context and a logging pipeline on
+    worker thread 1 reading each step's loss, against the same training without pipelines: the
+    parameters must be bit-equal between the two runs and across ranks."""
+    def train(use_pipelines: bool) -> List[torch.Tensor]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        p = tp.Pipeline() if use_pipelines else None
+        logger = tp.Pipeline(tp.get_worker_thread(1)) if use_pipelines else None
+        g = torch.Generator().manual_seed(rank)
+        logged: List[float] = []
+        for step in range(20):
+            x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+            with tp.pipeline(p):
+                loss = torch.nn.functional.mse_loss(ddp(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if logger is not None:
+                logger.submit(lambda v: logged.append(v.item()), loss.detach())
+        if logger is not None:
+            logger.synchronize()
+            assert len(logged) == 20
+        return [q.detach().clone() for q in model.parameters()]
+
+    plain = train(False)
+    piped = train(True)
+    equal = all(torch.equal(a, b) for a, b in zip(plain, piped))
+    flat = torch.cat([q.flatten() for q in piped])
+    everyone = [torch.zeros_like(flat) for _ in range(world)]
+    dist.all_gather(everyone, flat)
+    same_across_ranks = all(torch.equal(e, flat) for e in everyone)
+    return {"equal": equal, "same_across_ranks": same_across_ranks}
+
+
 PROGRAMS: Dict[str, Callable[[int, int], Dict[str, Any]]] = {
+    "ddp_in_pipelines": ddp_in_pipelines,
     "two_worker_threads": two_worker_threads,
     "shared_group": shared_group,
 }
