@@ -1,7 +1,7 @@
 """Allocator safety: memory held by record_stream vs holding blocks until their use completes.
 
 A storage allocated on one stream and used on another must not be reused before that use has
-completed (DESIGN.md §4, "allocator safety"). torch_pipeline's tracker can do it two ways
+completed (docs/design.md §4, "allocator safety"). torch_pipeline's tracker can do it two ways
 (``tp._C._set_allocator_safety``, or TORCH_PIPELINE_ALLOCATOR_SAFETY):
 
 * ``hold`` (default) -- keep a reference to the storage until an event after its use on the

@@ -17,7 +17,7 @@ The variants run interleaved in rounds in one process (default 7 rounds x 200k i
 median per variant is reported, in nanoseconds per enter+exit (loop overhead included).
 
 How to read the output: the table gives median/min/max ns per enter+exit; the ratio lines compare
-``tp.pipeline(p)`` and ``with p`` with the others. The targets (DESIGN.md: entering a pipeline must
+``tp.pipeline(p)`` and ``with p`` with the others. The targets (docs/design.md: entering a pipeline must
 be cheap enough to use around every small region) are
 
 * enter+exit <= 4x ``nullcontext()``   and

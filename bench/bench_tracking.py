@@ -1,4 +1,4 @@
-"""Per-op cost of automatic synchronization (DESIGN.md §4: "the tracker costs nothing measurable
+"""Per-op cost of automatic synchronization (docs/design.md §4: "the tracker costs nothing measurable
 while no non-default pipeline is alive, and little when one is").
 
 What is measured: the wall time of ``torch.add(a, b)`` on small tensors (8 elements), in a tight
@@ -12,7 +12,7 @@ Python loop, in these states:
 * ``live, in p``    -- the same inside ``with p:`` (the op on the pipeline's stream; devices
                        only, since CPU tensors have no streams)
 
-on CPU tensors; on sim tensors (the simulated accelerator of DESIGN.md §5, whose ops cost a few
+on CPU tensors; on sim tensors (the simulated accelerator of docs/design.md §5, whose ops cost a few
 microseconds, like a kernel launch); and on CUDA tensors when a GPU is present (there the loop
 only launches kernels: the ratio is the tracker's share of the launch cost). ``live`` and ``idle`` run interleaved in rounds in one process; ``not imported`` vs
 ``idle`` alternate between two child processes, one round each per turn, and compare medians.

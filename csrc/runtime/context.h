@@ -1,4 +1,4 @@
-// The thread-local current pipeline (DESIGN.md §3: thread-local, nests, restored on exit even when
+// The thread-local current pipeline (docs/design.md §3: thread-local, nests, restored on exit even when
 // the body raises) and the torch current streams that follow it.
 #pragma once
 

@@ -1,4 +1,4 @@
-"""Random single-thread programs over several pipelines and two devices (DESIGN.md §4: "a program
+"""Random single-thread programs over several pipelines and two devices (docs/design.md §4: "a program
 using any pipelines computes bit-for-bit what it computes when every pipeline is the default one").
 
 A program is a list of steps ``(pipeline index, op, operands)`` over a few tensor slots; run it

@@ -1,5 +1,5 @@
 """Bad input raises a clear Python exception that says what was expected; it never crashes or
-hangs (DESIGN.md §3, "Rules that users rely on")."""
+hangs (docs/design.md §3, "Rules that users rely on")."""
 from __future__ import annotations
 
 import os

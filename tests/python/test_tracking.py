@@ -1,4 +1,4 @@
-"""Automatic synchronization (DESIGN.md §4) on the sim device in strict mode.
+"""Automatic synchronization (docs/design.md §4) on the sim device in strict mode.
 
 Each rule of §4 gets a minimal program that runs clean (strict mode would raise sim.RaceError on a
 race) with tracking on, and whose twin with tracking switched off (the test-only switch

@@ -1,6 +1,6 @@
 """GPU twins of the automatic-synchronization tests (test_tracking.py runs them on the sim device).
 
-Each rule of DESIGN.md §4 gets a program whose race window is opened with a calibrated
+Each rule of docs/design.md §4 gets a program whose race window is opened with a calibrated
 torch.cuda._sleep: with tracking it computes the right value; with tracking switched off (the
 test-only switch) the same program computes a wrong one, so the test fails when the behaviour is
 removed. The random programs of _programs.py run under PyTorch's CUDA sanitizer
