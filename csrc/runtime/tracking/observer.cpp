@@ -92,10 +92,11 @@ void add_tensor(const at::Tensor& t, bool write, std::vector<Access>& out) {
   }
 }
 
-void failed(const char* where, const std::exception& e) {
-  warn_once(std::string("tracking failed ") + where,
-            std::string("automatic synchronization failed ") + where + " (" + e.what() +
-                "); this op may race. Further failures there are not reported.");
+void failed(const char* where, const std::string& op, const std::exception& e) {
+  warn_once(std::string("tracking failed ") + where + " " + op,
+            std::string("automatic synchronization failed ") + where + " " + op + " (" +
+                e.what() + "); this op may race. Further failures of this op there are not "
+                "reported.");
 }
 
 // Whether an argument puts the op on a device: a device tensor (also in a list), or a device
@@ -267,7 +268,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     }
     t.launched.clear();
     t.host_only = true;
-    failed("before an op", e);
+    failed("before", facts.full_name, e);
   }
   return nullptr;
 }
@@ -284,7 +285,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
         end_op(fn, t);
       }
     } catch (const std::exception& e) {
-      failed("after an op", e);
+      failed("after", fn.name(), e);
     }
     t.launched.clear();
     t.list_items.clear();
