@@ -1,12 +1,29 @@
 #include "worker_pool.h"
 
+#include <atomic>
 #include <cstdio>
+#include <string>
 #include <exception>
 #include <stdexcept>
 #include <utility>
 
 namespace torch_pipeline {
 namespace core {
+
+namespace {
+void report_to_stderr(const std::string& message) {
+  std::fprintf(stderr, "torch_pipeline: %s\n", message.c_str());
+}
+std::atomic<ErrorReport> g_error_report{&report_to_stderr};
+
+void report_error(const std::string& message) {
+  g_error_report.load(std::memory_order_acquire)(message);
+}
+}  // namespace
+
+void set_error_report(ErrorReport report) {
+  g_error_report.store(report != nullptr ? report : &report_to_stderr, std::memory_order_release);
+}
 
 namespace {
 
@@ -205,8 +222,7 @@ void WorkerThread::loop() {
         try {
           on_idle_();
         } catch (const std::exception& e) {
-          std::fprintf(stderr, "torch_pipeline: worker thread %d: on_idle raised: %s\n", id_,
-                       e.what());
+          report_error("worker thread " + std::to_string(id_) + ": on_idle raised: " + e.what());
         }
         lock.lock();
         continue;
@@ -226,7 +242,7 @@ void WorkerThread::loop() {
     try {
       task->run();
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "torch_pipeline: worker thread %d: task raised: %s\n", id_, e.what());
+      report_error("worker thread " + std::to_string(id_) + ": task raised: " + e.what());
     }
     task.reset();  // release what the task owns before it counts as done
 

@@ -22,11 +22,17 @@ namespace torch_pipeline {
 namespace core {
 
 // A unit of work for a WorkerThread. Exactly one of run() / cancel() is called, once.
+// Where a worker thread reports an exception that escaped a task or the idle hook (a bug: tasks
+// catch their own). Default: a line on stderr. The runtime installs one that warns through
+// torch's warning machinery (Python warnings). Set it before worker threads start.
+using ErrorReport = void (*)(const std::string& message);
+void set_error_report(ErrorReport report);
+
 class Task {
  public:
   virtual ~Task() = default;
   // Runs on the worker thread. Should not throw: a std::exception escaping it is caught and
-  // reported on stderr, and the worker goes on with the next task.
+  // reported (set_error_report), and the worker goes on with the next task.
   virtual void run() = 0;
   // Called instead of run() when the task is dropped before it started (cancel_pending).
   // Called on the thread that cancels, never with a worker lock held.

@@ -113,6 +113,7 @@ core::WorkerPool& Runtime::pool() {
   if (!pool_) {
     const int cap = max_worker_threads();
     g_cap_frozen.store(true, std::memory_order_release);
+    core::set_error_report([](const std::string& message) { warn(message); });
     pool_ = std::make_unique<core::WorkerPool>(
         cap, g_idle_hook != nullptr ? *g_idle_hook : std::function<void()>());
   }
