@@ -14,7 +14,9 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import Any, Callable, Dict, MutableMapping, Optional
+import contextlib
+import gc
+from typing import Any, Callable, Dict, Iterator, MutableMapping, Tuple
 
 import pytest
 
@@ -92,3 +94,60 @@ def install_proxies(module_globals: MutableMapping[str, Any], module_file: str,
 
     for name in [n for n in list(module_globals) if n.startswith("test_")]:
         module_globals[name] = proxy(name)
+
+
+# ---- fixtures shared by the modules that run automatic synchronization on sim ----------------------
+def tracked_sim_fixtures(num_devices: int = 2) -> Tuple[Any, Any]:
+    """The fixtures of a module that tests automatic synchronization on sim (bind both names in the
+    module: ``_sim_enabled, _fresh_state = tracked_sim_fixtures(2)``): sim enabled with
+    ``num_devices`` for the module; each test starts strict, tracked, on device 0, with the host
+    synchronized with every sim device and no races recorded (and ends the same way). In the
+    parent process they do nothing."""
+
+    @pytest.fixture(scope="module", autouse=True)
+    def _sim_enabled() -> Iterator[None]:
+        if IN_CHILD:
+            import torch_pipeline.sim as sim
+            sim.enable(num_devices=num_devices)
+        yield
+
+    @pytest.fixture(autouse=True)
+    def _fresh_state() -> Iterator[None]:
+        if not IN_CHILD:
+            yield
+            return
+        import torch
+        import torch_pipeline.sim as sim
+        from torch_pipeline import _C
+
+        def reset() -> None:
+            gc.collect()
+            _C._set_tracking_enabled(True)
+            torch.accelerator.set_device_index(0)
+            for d in range(num_devices):
+                sim.synchronize(d)
+            sim.clear_races()
+            sim.set_strict(True)
+
+        reset()
+        yield
+        sim.set_strict(False)
+        reset()
+
+    return _sim_enabled, _fresh_state
+
+
+@contextlib.contextmanager
+def untracked() -> Iterator[None]:
+    """Tracking off (the test-only switch), races recorded instead of raised: the untracked twin
+    of a program shows the races that automatic synchronization removes."""
+    import torch_pipeline.sim as sim
+    from torch_pipeline import _C
+
+    _C._set_tracking_enabled(False)
+    sim.set_strict(False)
+    sim.clear_races()
+    try:
+        yield
+    finally:
+        _C._set_tracking_enabled(True)

@@ -14,14 +14,13 @@ Runs in a child process of its own (see _sim_child.py): enabling sim is process-
 """
 from __future__ import annotations
 
-import gc
 import warnings
-from typing import Any, Iterator, List
+from typing import Any, List
 
 import pytest
 import torch
 
-from _sim_child import IN_CHILD, install_proxies
+from _sim_child import IN_CHILD, install_proxies, tracked_sim_fixtures
 
 if IN_CHILD:
     import torch_pipeline as tp
@@ -31,26 +30,7 @@ if IN_CHILD:
 N = 1024
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _sim_enabled() -> Iterator[None]:
-    if IN_CHILD:
-        sim.enable(num_devices=2)
-    yield
-
-
-@pytest.fixture(autouse=True)
-def _fresh_state() -> Iterator[None]:
-    if not IN_CHILD:
-        yield
-        return
-    gc.collect()
-    torch.accelerator.set_device_index(0)
-    sim.synchronize(0)
-    sim.synchronize(1)
-    sim.clear_races()
-    sim.set_strict(True)
-    yield
-    sim.set_strict(False)
+_sim_enabled, _fresh_state = tracked_sim_fixtures(num_devices=2)
 
 
 def current(index: int) -> "torch.Stream":

@@ -13,52 +13,25 @@ Runs in a child process of its own (see _sim_child.py): enabling sim is process-
 from __future__ import annotations
 
 import collections
-import gc
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List
+from typing import Any, Callable, Dict, List
 
 import pytest
 import torch
 
-from _sim_child import IN_CHILD, install_proxies
+from _sim_child import IN_CHILD, install_proxies, tracked_sim_fixtures
 
 if IN_CHILD:
     import torch_pipeline as tp
     import torch_pipeline.sim as sim
     from torch.utils import _pytree as pytree
-    from torch_pipeline import _C
 
 N = 1024
 SLOW_S = 0.3  # how long a task sleeps before it reads its arguments: the submitter runs ahead
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _sim_enabled() -> Iterator[None]:
-    if IN_CHILD:
-        sim.enable(num_devices=2)
-    yield
-
-
-@pytest.fixture(autouse=True)
-def _fresh_state() -> Iterator[None]:
-    """Each test starts strict, tracked, with a synchronized host."""
-    if not IN_CHILD:
-        yield
-        return
-
-    def reset() -> None:
-        gc.collect()
-        _C._set_tracking_enabled(True)
-        sim.synchronize(0)
-        sim.synchronize(1)
-        sim.clear_races()
-        sim.set_strict(True)
-
-    reset()
-    yield
-    sim.set_strict(False)
-    reset()
+_sim_enabled, _fresh_state = tracked_sim_fixtures(num_devices=2)
 
 
 # ---- results of any type -------------------------------------------------------------------------

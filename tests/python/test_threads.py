@@ -12,61 +12,21 @@ Runs in a child process of its own (see _sim_child.py): enabling sim is process-
 """
 from __future__ import annotations
 
-import contextlib
-import gc
 import random
 import threading
-from typing import Callable, Iterator, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
-import pytest
 import torch
 
-from _sim_child import IN_CHILD, install_proxies
+from _sim_child import IN_CHILD, install_proxies, tracked_sim_fixtures, untracked
 
 if IN_CHILD:
     import torch_pipeline as tp
     import torch_pipeline.sim as sim
     from _programs import make_program, run_program
-    from torch_pipeline import _C
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _sim_enabled() -> Iterator[None]:
-    if IN_CHILD:
-        sim.enable(num_devices=2)
-    yield
-
-
-@pytest.fixture(autouse=True)
-def _fresh_state() -> Iterator[None]:
-    if not IN_CHILD:
-        yield
-        return
-
-    def reset() -> None:
-        gc.collect()
-        _C._set_tracking_enabled(True)
-        sim.synchronize(0)
-        sim.synchronize(1)
-        sim.clear_races()
-        sim.set_strict(True)
-
-    reset()
-    yield
-    sim.set_strict(False)
-    reset()
-
-
-@contextlib.contextmanager
-def untracked() -> Iterator[None]:
-    """Tracking off, races recorded instead of raised."""
-    _C._set_tracking_enabled(False)
-    sim.set_strict(False)
-    sim.clear_races()
-    try:
-        yield
-    finally:
-        _C._set_tracking_enabled(True)
+_sim_enabled, _fresh_state = tracked_sim_fixtures(num_devices=2)
 
 
 def run_threads(count: int, body: Callable[[int], None]) -> List[BaseException]:

@@ -15,7 +15,7 @@ from typing import Dict, Iterator
 import pytest
 import torch
 
-from _sim_child import IN_CHILD, install_proxies
+from _sim_child import IN_CHILD, install_proxies, tracked_sim_fixtures
 
 if IN_CHILD:
     import torch_pipeline as tp
@@ -25,26 +25,7 @@ if IN_CHILD:
 N = 256
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _sim_enabled() -> Iterator[None]:
-    if IN_CHILD:
-        sim.enable(num_devices=1)
-    yield
-
-
-@pytest.fixture(autouse=True)
-def _fresh_state() -> Iterator[None]:
-    if not IN_CHILD:
-        yield
-        return
-    gc.collect()
-    sim.synchronize(0)
-    sim.clear_races()
-    sim.set_strict(True)
-    yield
-    sim.set_strict(False)
-    gc.collect()
-    sim.synchronize(0)
+_sim_enabled, _fresh_state = tracked_sim_fixtures(num_devices=1)
 
 
 def stats() -> Dict[str, int]:

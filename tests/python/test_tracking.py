@@ -22,7 +22,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 import pytest
 import torch
 
-from _sim_child import IN_CHILD, install_proxies
+from _sim_child import IN_CHILD, install_proxies, tracked_sim_fixtures, untracked
 
 if IN_CHILD:
     import torch_pipeline as tp
@@ -34,49 +34,11 @@ N = 4096  # elements of the test tensors
 
 
 # ---- fixtures and helpers (child process) --------------------------------------------------------
-@pytest.fixture(scope="module", autouse=True)
-def _sim_enabled() -> Iterator[None]:
-    if IN_CHILD:
-        sim.enable(num_devices=2)
-    yield
-
-
-@pytest.fixture(autouse=True)
-def _fresh_state() -> Iterator[None]:
-    """Each test starts strict, tracked, on the default streams, with a synchronized host."""
-    if not IN_CHILD:
-        yield
-        return
-
-    def reset() -> None:
-        gc.collect()
-        _C._set_tracking_enabled(True)
-        torch.accelerator.set_device_index(0)
-        sim.synchronize(0)
-        sim.synchronize(1)
-        sim.clear_races()
-        sim.set_strict(True)
-
-    reset()
-    yield
-    sim.set_strict(False)
-    reset()
+_sim_enabled, _fresh_state = tracked_sim_fixtures(num_devices=2)
 
 
 def stats() -> Dict[str, int]:
     return dict(_C._tracking_stats())
-
-
-@contextlib.contextmanager
-def untracked() -> Iterator[None]:
-    """Tracking off, races recorded instead of raised: the program's bare races show."""
-    _C._set_tracking_enabled(False)
-    sim.set_strict(False)
-    sim.clear_races()
-    try:
-        yield
-    finally:
-        _C._set_tracking_enabled(True)
 
 
 def ones(value: float = 1.0, device: str = "sim:0") -> "torch.Tensor":

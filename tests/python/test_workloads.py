@@ -10,11 +10,9 @@ Runs in a child process of its own (see _sim_child.py): enabling sim is process-
 """
 from __future__ import annotations
 
-import contextlib
 import copy
-import gc
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import pytest
 import torch
@@ -22,54 +20,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as checkpoint
 
-from _sim_child import IN_CHILD, install_proxies
+from _sim_child import IN_CHILD, install_proxies, tracked_sim_fixtures, untracked
 
 if IN_CHILD:
     import torch_pipeline as tp
     import torch_pipeline.sim as sim
-    from torch_pipeline import _C
 
 Pipelines = Sequence[Optional["tp.Pipeline"]]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _sim_enabled() -> Iterator[None]:
-    if IN_CHILD:
-        sim.enable(num_devices=2)
-    yield
-
-
-@pytest.fixture(autouse=True)
-def _fresh_state() -> Iterator[None]:
-    if not IN_CHILD:
-        yield
-        return
-
-    def reset() -> None:
-        gc.collect()
-        _C._set_tracking_enabled(True)
-        torch.accelerator.set_device_index(0)
-        sim.synchronize(0)
-        sim.synchronize(1)
-        sim.clear_races()
-        sim.set_strict(True)
-
-    reset()
-    yield
-    sim.set_strict(False)
-    reset()
-
-
-@contextlib.contextmanager
-def untracked() -> Iterator[None]:
-    """Tracking off, races recorded instead of raised."""
-    _C._set_tracking_enabled(False)
-    sim.set_strict(False)
-    sim.clear_races()
-    try:
-        yield
-    finally:
-        _C._set_tracking_enabled(True)
+_sim_enabled, _fresh_state = tracked_sim_fixtures(num_devices=2)
 
 
 def assert_equal(reference: Sequence[torch.Tensor], got: Sequence[torch.Tensor]) -> None:
