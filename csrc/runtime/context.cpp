@@ -56,6 +56,13 @@ c10::Stream base_stream(const c10::Device& device) {
   return c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
 }
 
+// Where a stream replaced outside any entry's own switch is remembered so that it is restored:
+// in the innermost open context (whose exit restores it), or, outside any context, as the
+// default pipeline's streams.
+std::vector<c10::Stream>& restore_list() {
+  return tls.stack.empty() ? tls.base : tls.stack.back().saved;
+}
+
 // Switches the current streams to `lane`; returns what it replaced. All or nothing.
 std::vector<c10::Stream> switch_streams(const DeviceStreams& lane) {
   std::vector<c10::Stream> saved;
@@ -124,8 +131,7 @@ void enter_device(const c10::Device& device) {
   if (cur == nullptr || cur->is_default() || device.is_cpu()) {
     return;
   }
-  // What the innermost open context (or, outside any, set_pipeline) restores.
-  auto& saved = tls.stack.empty() ? tls.base : tls.stack.back().saved;
+  auto& saved = restore_list();
   if (has_device(saved, device)) {
     return;  // switched already
   }
@@ -175,9 +181,7 @@ void set_pipeline(const PipelinePtr& p) {
   TORCH_INTERNAL_ASSERT(p != nullptr);
   const DeviceStreams lane = lane_streams(*p);
   std::vector<c10::Stream> replaced = switch_streams(lane);
-  // Remember what was replaced, where nothing else does: in the innermost open context (whose exit
-  // restores it), or, outside any context, as the default pipeline's streams.
-  auto& saved = tls.stack.empty() ? tls.base : tls.stack.back().saved;
+  auto& saved = restore_list();
   for (const c10::Stream& s : replaced) {
     if (!has_device(saved, s.device())) {
       saved.push_back(s);
