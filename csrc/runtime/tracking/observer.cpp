@@ -69,21 +69,33 @@ bool opaque(const at::Tensor& x) {
   return !n.has_value() || *n > 0;
 }
 
-// 0: no opaque tensor among the inputs; 1: only on the CPU; 2: one on an accelerator.
-int opaque_inputs(const c10::ArrayRef<c10::IValue>& inputs) {
-  int kind = 0;
+// One pass over an op's inputs: its opaque tensors (0: none; 1: only on the CPU; 2: one on an
+// accelerator) and whether anything puts it on a device (a device tensor, also in a list, or a
+// device argument of factories and to()).
+struct InputScan {
+  int opaque = 0;
+  bool on_device = false;
+};
+InputScan scan_inputs(const c10::ArrayRef<c10::IValue>& inputs) {
+  InputScan scan;
   for (const c10::IValue& v : inputs) {
+    if (v.isDevice()) {
+      scan.on_device |= !v.toDevice().is_cpu();
+      continue;
+    }
     for_each_tensor(v, [&](const at::Tensor& x) {
+      const bool cpu = x.device().is_cpu();
+      scan.on_device |= !cpu;
       if (opaque(x)) {
-        kind = std::max(kind, x.device().is_cpu() ? 1 : 2);
+        scan.opaque = std::max(scan.opaque, cpu ? 1 : 2);
       }
-      return kind == 2;
+      return scan.opaque == 2;
     });
-    if (kind == 2) {
+    if (scan.opaque == 2) {
       break;
     }
   }
-  return kind;
+  return scan;
 }
 
 void add_tensor(const at::Tensor& t, bool write, std::vector<Access>& out) {
@@ -97,15 +109,6 @@ void failed(const char* where, const std::string& op, const std::exception& e) {
             std::string("automatic synchronization failed ") + where + " " + op + " (" +
                 e.what() + "); this op may race. Further failures of this op there are not "
                 "reported.");
-}
-
-// Whether an argument puts the op on a device: a device tensor (also in a list), or a device
-// argument (factories, to()).
-bool on_device(const c10::IValue& v) {
-  if (v.isDevice()) {
-    return !v.toDevice().is_cpu();
-  }
-  return any_tensor(v, [](const at::Tensor& x) { return !x.device().is_cpu(); });
 }
 
 // Inside a pipeline context: the devices the op runs on join the pipeline's lane before it
@@ -131,7 +134,7 @@ void enter_devices(const c10::ArrayRef<c10::IValue>& inputs) {
   }
 }
 
-void begin_op(const at::RecordFunction& fn, const OpFacts& facts, Tls& t) {
+void begin_op(const at::RecordFunction& fn, const OpFacts& facts, bool on_device, Tls& t) {
   t.launched.clear();
   t.inputs.clear();
   t.accesses.clear();
@@ -142,8 +145,7 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, Tls& t) {
   t.c10d = facts.name.compare(0, 6, "c10d::") == 0;
   const auto inputs = fn.inputs();
   // The common case of CPU code: nothing on a device, no watched host memory, no pinned tensors.
-  t.host_only = !watching_host() && g_pins.load(std::memory_order_acquire) == 0 &&
-      std::none_of(inputs.begin(), inputs.end(), on_device);
+  t.host_only = !on_device && !watching_host() && g_pins.load(std::memory_order_acquire) == 0;
   if (t.host_only) {
     return;
   }
@@ -253,15 +255,16 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     return nullptr;
   }
   ++t.observed;
-  if (const int opaque = opaque_inputs(inputs)) {
-    t.unclaimed.push_back(Tls::Unclaimed{t.level, &facts, opaque == 2, t.observed});
+  const InputScan scan = scan_inputs(inputs);
+  if (scan.opaque != 0) {
+    t.unclaimed.push_back(Tls::Unclaimed{t.level, &facts, scan.opaque == 2, t.observed});
     count(g_counters.unclaimed);
     return nullptr;
   }
   t.active = t.level;
   count(g_counters.ops);
   try {
-    begin_op(fn, facts, t);
+    begin_op(fn, facts, scan.on_device, t);
   } catch (const std::exception& e) {
     if (!t.launched.empty()) {
       settle(t.launched, t.period);
