@@ -42,6 +42,7 @@ from ._C import (
 from . import _exit  # noqa: F401  (registers the interpreter-exit handler)
 from ._collectives import collective, comm_stream
 from ._decorators import pipelined
+from ._lanes import carry, item_async, offload, prefetch
 from ._tasks import TaskFuture
 from ._tracking import track, tracking_stats
 
@@ -60,8 +61,12 @@ __all__ = [
     "pipelined",
     "set_max_worker_threads",
     "set_pipeline",
+    "carry",
     "collective",
     "comm_stream",
+    "item_async",
+    "offload",
+    "prefetch",
     "synchronize",
     "track",
     "tracking_stats",

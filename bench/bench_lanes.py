@@ -1,0 +1,174 @@
+"""The lanes (tp.prefetch, tp.item_async, tp.offload) against what users write without them.
+
+Rows, each side by side in one process (see _harness.py):
+
+* prefetch: a training step fed by ``tp.prefetch(batches, device)`` vs the synchronous
+  ``batch.to(device)`` loop;
+* item_async: a step that logs its loss with ``tp.item_async`` vs ``loss.item()`` vs no logging;
+* offload: a step under ``tp.offload`` vs keeping activations vs ``save_on_cpu``; on CUDA also the
+  peak device memory of each.
+
+On the sim device in its default (synchronous) mode every copy and read completes at once, so the
+sim rows show the lanes' own cost, not the overlap they buy; the overlap shows on a GPU
+(``--device cuda``, run by scripts/gpu_check.sh).
+
+    python bench/bench_lanes.py [--device sim|cuda] [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Dict, List
+
+from _harness import (Target, Variant, add_common_args, check_targets, environment_line, finish,
+                      print_table, time_rounds)
+
+
+def _setup(device: str):  # type: ignore[no-untyped-def]
+    import torch
+    import torch.nn as nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 1024), nn.GELU(),
+                          nn.Linear(1024, 10)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    batches = [(torch.randn(128, 256), torch.randint(0, 10, (128,))) for _ in range(8)]
+    return model, opt, batches
+
+
+def prefetch_rows(device: str, rounds: int, steps: int) -> Dict[str, List[float]]:
+    import torch
+    import torch.nn.functional as F
+    import torch_pipeline as tp
+
+    model, opt, batches = _setup(device)
+    pinned = [(x.pin_memory(), y.pin_memory()) for x, y in batches]
+
+    def step(x: "torch.Tensor", y: "torch.Tensor") -> None:
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+
+    def synchronous(n: int) -> None:
+        for i in range(n):
+            x, y = pinned[i % len(pinned)]
+            step(x.to(device), y.to(device))
+
+    def prefetched(n: int) -> None:
+        for x, y in tp.prefetch((pinned[i % len(pinned)] for i in range(n)), device, depth=2):
+            step(x, y)
+
+    return time_rounds([Variant("batch.to(device)", synchronous, steps),
+                        Variant("tp.prefetch", prefetched, steps)], rounds)
+
+
+def item_async_rows(device: str, rounds: int, steps: int) -> Dict[str, List[float]]:
+    import torch.nn.functional as F
+    import torch_pipeline as tp
+
+    model, opt, batches = _setup(device)
+    on_device = [(x.to(device), y.to(device)) for x, y in batches]
+    logged: List[object] = []
+
+    def run(log: Callable[[object], None]) -> Callable[[int], None]:
+        def steps_(n: int) -> None:
+            for i in range(n):
+                x, y = on_device[i % len(on_device)]
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                log(loss)
+            tp.synchronize()
+            logged.clear()
+        return steps_
+
+    return time_rounds([Variant("no logging", run(lambda loss: None), steps),
+                        Variant("loss.item()", run(lambda loss: logged.append(loss.item())), steps),
+                        Variant("tp.item_async", run(lambda loss: logged.append(
+                            tp.item_async(loss))), steps)], rounds)
+
+
+def offload_rows(device: str, rounds: int, steps: int) -> Dict[str, List[float]]:
+    import torch
+    import torch.nn.functional as F
+    import torch_pipeline as tp
+
+    model, opt, batches = _setup(device)
+    on_device = [(x.to(device), y.to(device)) for x, y in batches]
+    peaks: Dict[str, int] = {}
+
+    def run(name: str, ctx: Callable[[], object]) -> Callable[[int], None]:
+        def steps_(n: int) -> None:
+            if device.startswith("cuda"):
+                torch.cuda.reset_peak_memory_stats()
+            for i in range(n):
+                x, y = on_device[i % len(on_device)]
+                with ctx():  # type: ignore[attr-defined]
+                    loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+            tp.synchronize()
+            if device.startswith("cuda"):
+                peaks[name] = torch.cuda.max_memory_allocated()
+        return steps_
+
+    import contextlib
+
+    samples = time_rounds([
+        Variant("keep activations", run("keep activations", contextlib.nullcontext), steps),
+        Variant("save_on_cpu", run("save_on_cpu", lambda: torch.autograd.graph.save_on_cpu(
+            pin_memory=True)), steps),
+        Variant("tp.offload", run("tp.offload", lambda: tp.offload(min_bytes=1 << 16)), steps),
+    ], rounds)
+    for name, peak in peaks.items():
+        print(f"  peak device memory, {name}: {peak / 2**20:.1f} MiB")
+    return samples
+
+
+def main(argv: List[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_common_args(parser)
+    parser.add_argument("--device", choices=["sim", "cuda"], default="sim")
+    args = parser.parse_args(argv)
+    rounds = args.rounds or (3 if args.quick else 7)
+    steps = 4 if args.quick else 16
+    if args.device == "sim":
+        import torch_pipeline.sim as sim
+
+        sim.enable(num_devices=2)
+        device = "sim:0"
+    else:
+        device = "cuda:0"
+    print(environment_line())
+    print(f"device {device}; {rounds} rounds of {steps} training steps (MLP 256-1024-1024-10)")
+    ok = True
+
+    print("\n[prefetch] ns per step")
+    pre = prefetch_rows(device, rounds, steps)
+    print_table(pre)
+    if args.device == "cuda":
+        ok &= check_targets(pre, [Target("tp.prefetch", "batch.to(device)", 1.0,
+                                         "prefetch no slower than the synchronous loop")])
+
+    print("\n[item_async] ns per step")
+    items = item_async_rows(device, rounds, steps)
+    print_table(items)
+    if args.device == "cuda":
+        ok &= check_targets(items, [Target("tp.item_async", "no logging", 1.05,
+                                           "logging with item_async within 5% of no logging")])
+
+    print("\n[offload] ns per step")
+    off = offload_rows(device, rounds, steps)
+    print_table(off)
+    if args.device == "cuda":
+        ok &= check_targets(off, [Target("tp.offload", "save_on_cpu", 1.0,
+                                         "offload no slower than save_on_cpu")])
+    else:
+        print("(sim, synchronous mode: these rows are the lanes' own cost; see the docstring)")
+    return finish(ok, args.check)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

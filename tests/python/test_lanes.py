@@ -1,0 +1,225 @@
+"""The lanes users ask for (tp.carry, tp.item_async, tp.prefetch, tp.offload), on the sim device in
+strict mode: each gives the synchronous program's values with no race, and its untracked twin
+(tracking off with the test-only switch) races, so the tests fail when automatic synchronization
+stops ordering them.
+
+Runs in a child process of its own (see _sim_child.py): enabling sim is process-wide.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from typing import Any, List, Tuple
+
+import pytest
+import torch
+import torch.nn as nn
+
+from _sim_child import IN_CHILD, install_proxies, tracked_sim_fixtures, untracked
+
+if IN_CHILD:
+    import torch_pipeline as tp
+    import torch_pipeline.sim as sim
+
+_sim_enabled, _fresh_state = tracked_sim_fixtures(num_devices=2)
+
+
+# ---- carry ----------------------------------------------------------------------------------------
+def test_carry_runs_threads_under_the_pipeline_current_where_it_was_made() -> None:
+    p = tp.Pipeline()
+    seen = {}
+
+    def where(key: str) -> None:
+        seen[key] = (tp.current_pipeline(), torch.accelerator.current_stream(0))
+
+    with tp.pipeline(p):
+        t = threading.Thread(target=where, args=("plain",))
+        t.start(); t.join()
+        t = threading.Thread(target=tp.carry(where), args=("carried",))
+        t.start(); t.join()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(tp.carry(where), "pool").result()
+    assert seen["plain"][0].is_default          # PyTorch's behaviour: streams are thread-local
+    assert seen["carried"][0] == p and seen["pool"][0] == p
+    assert seen["carried"][1] == p.stream("sim:0")
+    q = tp.Pipeline()
+    t = threading.Thread(target=tp.carry(pipeline=q)(where), args=("explicit",))
+    t.start(); t.join()
+    assert seen["explicit"][0] == q
+
+
+def _carried_work(p: "tp.Pipeline") -> Tuple[torch.Tensor, torch.Tensor]:
+    x = torch.arange(4096.0).to("sim:0") * 3          # written on the default stream
+    out: List[torch.Tensor] = []
+    with tp.pipeline(p):
+        t = threading.Thread(target=tp.carry(lambda: out.append(torch.sin(x) + 1)))
+        t.start(); t.join()
+    return out[0] * 2, torch.sin(x.cpu()) * 2 + 2       # read back on the default stream
+
+
+def test_carried_thread_is_ordered_like_the_thread_that_made_it() -> None:
+    got, want = _carried_work(tp.Pipeline())
+    assert sim.races() == []
+    assert torch.equal(got.cpu(), want)
+    with untracked():
+        _carried_work(tp.Pipeline())
+        assert sim.races(), "untracked, the carried thread's read did not race"
+
+
+def test_carry_bad_input() -> None:
+    with pytest.raises(TypeError, match="callable"):
+        tp.carry(3)  # type: ignore[call-overload]
+    with pytest.raises(TypeError, match="Pipeline"):
+        tp.carry(print, pipeline="p")  # type: ignore[arg-type]
+
+
+# ---- item_async -----------------------------------------------------------------------------------
+def _losses(steps: int, lane: Any = None) -> List[Any]:
+    w = torch.arange(1024.0).to("sim:0")
+    futures = []
+    for i in range(steps):
+        w = w * 0.5 + i                                  # each step writes a new value
+        futures.append(tp.item_async({"loss": w.sum(), "step": i, "first": [w[0]]},
+                                     pipeline=lane))
+    return [f.wait() for f in futures]
+
+
+def test_item_async_reads_each_value_after_its_producer() -> None:
+    """Values equal .item()'s. The read is a task, and a task's streams wait for what its
+    submitter had queued (the submit rule), so it stays ordered even with tracking off."""
+    got = _losses(5)
+    w = torch.arange(1024.0)
+    want = []
+    for i in range(5):
+        w = w * 0.5 + i
+        want.append({"loss": w.sum().item(), "step": i, "first": [w[0].item()]})
+    assert got == want
+    assert sim.races() == []
+    lane = tp.Pipeline(3)
+    lane.stream("sim:0")  # (untracked, a pipeline uses only the streams it already has)
+    with untracked():
+        assert _losses(5, lane) == want
+        assert sim.races() == []
+
+
+def test_item_async_returns_before_the_read_happens() -> None:
+    """The caller does not wait: with the read lane's worker thread busy, item_async returns an
+    unfinished future at once, and the value arrives once the lane is free."""
+    lane = tp.Pipeline(tp.get_worker_thread(tp.max_worker_threads() - 1))
+    release = threading.Event()
+    blocker = lane.submit(release.wait, 10)
+    x = torch.full((1,), 7.0).to("sim:0")
+    fut = tp.item_async(x + 1, pipeline=lane)
+    assert not fut.done()
+    release.set()
+    assert fut.wait() == 8.0
+    blocker.wait()
+
+
+def test_item_async_on_the_host_and_bad_input() -> None:
+    fut = tp.item_async([torch.tensor(2.5), torch.tensor([3])])
+    assert fut.done() and fut.wait() == [2.5, 3]
+    assert isinstance(fut, torch.futures.Future)
+    with pytest.raises(ValueError, match="one-element"):
+        tp.item_async(torch.zeros(2).to("sim:0"))
+
+
+# ---- prefetch -------------------------------------------------------------------------------------
+def _batches(n: int) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(3)
+    return [(torch.randn(64, 32, generator=g), torch.randint(0, 4, (64,), generator=g))
+            for _ in range(n)]
+
+
+def _consume(batches: Any) -> List[torch.Tensor]:
+    w = torch.ones(32, 4).to("sim:0")
+    return [((x @ w) + y[:, None]).cpu() for x, y in batches]
+
+
+def test_prefetch_equals_the_synchronous_loop() -> None:
+    data = _batches(6)
+    want = _consume((x.to("sim:0"), y.to("sim:0")) for x, y in data)
+    for depth in (1, 2, 4):
+        got = _consume(tp.prefetch(data, "sim:0", depth=depth))
+        assert all(torch.equal(a, b) for a, b in zip(got, want)) and len(got) == len(want)
+    assert sim.races() == []
+    with untracked():
+        _consume(tp.prefetch(data, "sim:0", depth=2))
+        assert sim.races(), "untracked, the consumer did not race with the copies"
+
+
+def test_prefetch_with_a_dataloader_len_break_and_errors() -> None:
+    data = torch.utils.data.TensorDataset(torch.randn(40, 8), torch.arange(40))
+    for pin in (False, True):
+        loader = torch.utils.data.DataLoader(data, batch_size=8, pin_memory=pin)
+        pf = tp.prefetch(loader, "sim:0")
+        assert len(pf) == 5
+        got = [x.sum().item() + y.sum().item() for x, y in pf]
+        want = [x.sum().item() + y.sum().item() for x, y in loader]
+        assert got == want
+    q = tp.Pipeline()
+    for i, _ in enumerate(tp.prefetch(loader, "sim:0", depth=3, pipeline=q)):
+        if i == 1:
+            break                                  # the copies in flight are finished, not lost
+    assert q.query()
+
+    def broken() -> Any:
+        yield torch.ones(2)
+        raise OSError("disk gone")
+
+    with pytest.raises(OSError, match="disk gone"):
+        for _ in tp.prefetch(broken(), "sim:0"):
+            pass
+    with pytest.raises(ValueError, match="depth"):
+        tp.prefetch([], "sim:0", depth=0)
+    assert list(tp.prefetch([torch.ones(1)], "cpu")) == [torch.ones(1)]
+    assert sim.races() == []
+
+
+# ---- offload --------------------------------------------------------------------------------------
+def _train_step(model: "nn.Module", x: torch.Tensor, p: Any, off: Any) -> List[torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    with tp.pipeline(p):
+        if off is None:
+            loss = model(x).square().mean()
+        else:
+            with off:
+                loss = model(x).square().mean()
+        loss.backward()
+    return [q.grad.cpu() for q in model.parameters()]
+
+
+def _model() -> Tuple["nn.Module", torch.Tensor]:
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(32, 256), nn.GELU(), nn.Linear(256, 256), nn.Tanh(),
+                          nn.Linear(256, 8)).to("sim:0")
+    return model, torch.randn(64, 32).to("sim:0")
+
+
+def test_offload_gives_the_gradients_of_keeping_activations() -> None:
+    model, x = _model()
+    want = _train_step(model, x, None, None)
+    for p in (None, tp.Pipeline()):
+        off = tp.offload(min_bytes=16 * 1024)
+        got = _train_step(model, x, p, off)
+        assert off.offloaded >= 4 and off.restored == off.offloaded
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    small = tp.offload(min_bytes=1 << 30)
+    _train_step(model, x, None, small)
+    assert small.offloaded == 0
+    assert sim.races() == []
+    with untracked():
+        _train_step(model, x, None, tp.offload(min_bytes=0))
+        assert sim.races(), "untracked, backward did not race with the copies back"
+
+
+def test_offload_bad_input() -> None:
+    with pytest.raises(ValueError, match="min_bytes"):
+        tp.offload(min_bytes=-1)
+    off = tp.offload()
+    with off:
+        with pytest.raises(RuntimeError, match="already entered"):
+            off.__enter__()
+
+
+install_proxies(globals(), __file__)

@@ -1,0 +1,334 @@
+"""Lanes for the stream problems users bring: thread inheritance (``carry``), asynchronous scalar
+reads (``item_async``), host-to-device prefetch (``prefetch``) and activation offload
+(``offload``). Each is a few lines over pipelines; automatic synchronization orders them, so none
+of them synchronizes the host or asks the user to."""
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import weakref
+from typing import (Any, Callable, Deque, Dict, Generic, Iterable, Iterator, List, Optional, Tuple,
+                    TypeVar, Union, overload)
+
+import torch
+import torch.futures
+from torch.utils._pytree import tree_flatten, tree_map
+
+from . import _C
+from ._C import Pipeline, PipelineEvent, current_pipeline, pipeline
+
+__all__ = ["carry", "item_async", "offload", "prefetch"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+DeviceLike = Union[torch.device, str, int]
+
+
+# ---- the library's own lanes ------------------------------------------------------------------
+_lanes_lock = threading.Lock()
+_lanes: dict = {}
+
+
+def _forget_lanes() -> None:  # a forked child cannot use its parent's pipelines
+    global _lanes_lock
+    _lanes.clear()
+    _lanes_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_lanes)
+
+
+def _lane(name: str) -> Pipeline:
+    """The library's pipeline for ``name`` ("read", "copy"), made on first use, on the last worker
+    thread (so a task that waits there does not hold up tasks on thread 0)."""
+    with _lanes_lock:
+        p = _lanes.get(name)
+        if p is None:
+            p = Pipeline(_C.get_worker_thread(_C.max_worker_threads() - 1))
+            _lanes[name] = p
+        return p
+
+
+def _check_pipeline(value: Optional[Pipeline], what: str) -> None:
+    if value is not None and not isinstance(value, Pipeline):
+        raise TypeError(f"{what} must be a torch_pipeline.Pipeline or None, got "
+                        f"{type(value).__name__}")
+
+
+# ---- carry --------------------------------------------------------------------------------------
+@overload
+def carry(fn: F, *, pipeline: Optional[Pipeline] = None) -> F: ...
+@overload
+def carry(fn: None = None, *, pipeline: Optional[Pipeline] = None) -> Callable[[F], F]: ...
+
+
+def carry(fn: Optional[F] = None, *, pipeline: Optional[Pipeline] = None) -> Any:
+    """``fn`` wrapped to run under the pipeline that is current *now* (or ``pipeline``), on
+    whatever thread calls it later.
+
+    PyTorch's current stream is thread-local: a ``threading.Thread`` or a
+    ``concurrent.futures`` worker started inside ``with torch.cuda.stream(s):`` runs on the
+    default stream, and so does one started inside ``with tp.pipeline(p):``. Wrap its target
+    with ``carry`` and it runs under ``p``, with automatic synchronization as on the thread that
+    started it.
+
+        >>> with tp.pipeline(p):
+        ...     t = threading.Thread(target=tp.carry(work))  # work() runs under p
+        ...     pool.submit(tp.carry(step), batch)           # so does step(batch)
+    """
+    _check_pipeline(pipeline, "carry(pipeline=...)")
+    target = pipeline if pipeline is not None else current_pipeline()
+
+    def wrap(f: F) -> F:
+        if not callable(f):
+            raise TypeError(f"carry needs a callable, got {type(f).__name__}")
+        return _C.pipeline(target)(f)
+
+    return wrap if fn is None else wrap(fn)
+
+
+# ---- item_async ---------------------------------------------------------------------------------
+def _read_items(value: Any) -> Any:
+    return tree_map(lambda x: x.item() if isinstance(x, torch.Tensor) else x, value)
+
+
+def item_async(value: Any, *, pipeline: Optional[Pipeline] = None) -> "torch.futures.Future[Any]":
+    """The Python value of a one-element tensor (or of each one in a list, tuple or dict), as a
+    ``torch.futures.Future``, read without stalling the calling thread.
+
+    ``loss.item()`` waits for the device to finish all work queued so far, which empties the
+    device's queue every step. ``item_async(loss)`` reads it on a lane of its own (``pipeline``,
+    default a library pipeline on the last worker thread), after the work that produces it and
+    nothing else; the caller goes on queueing work.
+
+        >>> fut = tp.item_async({"loss": loss, "acc": acc})
+        >>> fut.then(lambda f: print(f.value()))        # or fut.wait() when you need it
+    """
+    _check_pipeline(pipeline, "item_async(pipeline=...)")
+    leaves, _ = tree_flatten(value)
+    on_device = False
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            if x.numel() != 1:
+                raise ValueError(f"item_async reads one-element tensors, got one of shape "
+                                 f"{tuple(x.shape)}")
+            on_device |= x.device.type not in ("cpu", "meta")
+    if not on_device:  # nothing to wait for: read now
+        done: torch.futures.Future[Any] = torch.futures.Future()
+        done.set_result(_read_items(value))
+        return done
+    return (pipeline or _lane("read")).submit(_read_items, value)
+
+
+# ---- prefetch -----------------------------------------------------------------------------------
+def _device_of(device: DeviceLike) -> torch.device:
+    if isinstance(device, bool) or not isinstance(device, (torch.device, str, int)):
+        raise TypeError(f"device must be a torch.device, str or int, got {type(device).__name__}")
+    if isinstance(device, int):
+        accelerator = torch.accelerator.current_accelerator()
+        if accelerator is None:
+            raise ValueError(f"device {device} names an accelerator index, but there is none")
+        return torch.device(accelerator.type, device)
+    d = torch.device(device)
+    if d.type != "cpu" and d.index is None:
+        d = torch.device(d.type, torch.accelerator.current_device_index())
+    return d
+
+
+class prefetch(Generic[T]):
+    """An iterable of (nested) tensor batches, copied to ``device`` ``depth`` batches ahead of
+    the consumer, on a copy lane (``pipeline``, default a library pipeline), with
+    ``non_blocking`` copies from pinned memory (batches that are not pinned are pinned first).
+    The batches it yields can be used at once: automatic synchronization orders their first use
+    after their copy. Hand-written versions of this (Apex's ``data_prefetcher``) call
+    ``wait_stream`` and ``record_stream``; this does not need to.
+
+    Works with any iterable (a ``DataLoader``, with or without ``pin_memory``); ``len()`` is the
+    wrapped iterable's; exceptions of the iterable reach the consumer; leaving the loop early
+    (``break``) finishes the copies in flight and leaves no work behind.
+
+        >>> for x, y in tp.prefetch(loader, "cuda", depth=2):
+        ...     loss = loss_fn(model(x), y)
+    """
+
+    def __init__(self, iterable: Iterable[T], device: DeviceLike, depth: int = 2,
+                 pipeline: Optional[Pipeline] = None) -> None:
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"depth must be an int >= 1, got {depth!r}")
+        _check_pipeline(pipeline, "prefetch(pipeline=...)")
+        self.iterable = iterable
+        self.device = _device_of(device)
+        self.depth = depth
+        self.pipeline = pipeline
+
+    def __len__(self) -> int:
+        return len(self.iterable)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[T]:
+        return self._batches()
+
+    def _copy(self, batch: Any, lane: Pipeline) -> Tuple[Any, Any, PipelineEvent]:
+        def pin(x: Any) -> Any:
+            if isinstance(x, torch.Tensor) and x.device.type == "cpu" and not x.is_pinned():
+                return x.pin_memory()
+            return x
+
+        host = tree_map(pin, batch)
+        with _C.pipeline(lane):
+            on_device = tree_map(
+                lambda x: x.to(self.device, non_blocking=True) if isinstance(x, torch.Tensor)
+                else x, host)
+            done = lane.record_event()
+        return on_device, host, done
+
+    def _batches(self) -> Iterator[T]:
+        if self.device.type == "cpu":  # nothing to copy
+            yield from self.iterable
+            return
+        lane = self.pipeline or _lane("copy")
+        lane.stream(self.device)  # (acquired up front: the lane's stream there from the start)
+        source = iter(self.iterable)
+        ahead: Deque[Any] = collections.deque()
+        # Host batches stay referenced until their copy is done (their pinned memory is read by
+        # it); only those of batches already handed out are queried.
+        copying: Deque[Tuple[PipelineEvent, Any]] = collections.deque()
+        exhausted = False
+        try:
+            while True:
+                while not exhausted and len(ahead) < self.depth:
+                    try:
+                        batch = next(source)
+                    except StopIteration:
+                        exhausted = True
+                        break
+                    on_device, host, done = self._copy(batch, lane)
+                    ahead.append(on_device)
+                    copying.append((done, host))
+                if not ahead:
+                    return
+                while len(copying) > len(ahead) and copying[0][0].query():
+                    copying.popleft()
+                yield ahead.popleft()
+        finally:
+            ahead.clear()
+            for done, _ in copying:  # early exit or an error: no copy is left running
+                done.synchronize()
+            copying.clear()
+
+
+# ---- offload ------------------------------------------------------------------------------------
+class _Offloaded:
+    __slots__ = ("device", "host", "on_device", "index", "used", "__weakref__")
+
+    def __init__(self, device: torch.device, host: torch.Tensor, index: int) -> None:
+        self.device = device
+        self.host = host
+        self.on_device: Optional[torch.Tensor] = None
+        self.index = index
+        self.used = False  # unpacked by backward at least once
+
+
+class offload:
+    """Saved activations of at least ``min_bytes`` go to pinned host memory during forward and
+    come back ahead of need during backward, copied on a copy lane (``pipeline``, default a
+    library pipeline) with no host synchronization in either direction.
+
+    ``torch.autograd.graph.save_on_cpu`` copies synchronously: every saved tensor stalls the host
+    until the device reaches it. Here the copy out is queued after the op that made the tensor,
+    the device memory goes back to the allocator once the copy has read it (automatic
+    synchronization keeps it alive until then), and when backward unpacks one tensor the copies
+    back of the next ``prefetch`` ones (in reverse order of saving) start too.
+
+        >>> with tp.offload(min_bytes=1 << 20):
+        ...     loss = model(x).sum()
+        >>> loss.backward()
+
+    ``offloaded`` and ``restored`` count the tensors moved out and back.
+    """
+
+    def __init__(self, min_bytes: int = 1 << 20, pipeline: Optional[Pipeline] = None,
+                 prefetch: int = 2) -> None:
+        if isinstance(min_bytes, bool) or not isinstance(min_bytes, int) or min_bytes < 0:
+            raise ValueError(f"min_bytes must be an int >= 0, got {min_bytes!r}")
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError(f"prefetch must be an int >= 0, got {prefetch!r}")
+        _check_pipeline(pipeline, "offload(pipeline=...)")
+        self.min_bytes = min_bytes
+        self.pipeline = pipeline
+        self.prefetch = prefetch
+        self.offloaded = 0
+        self.restored = 0
+        self._saved: Dict[int, "weakref.ref[_Offloaded]"] = {}  # by order of saving
+        self._count = 0
+        self._lock = threading.Lock()
+        self._hooks: Optional[torch.autograd.graph.saved_tensors_hooks] = None
+
+    def _lane(self) -> Pipeline:
+        return self.pipeline or _lane("copy")
+
+    def _pack(self, t: torch.Tensor) -> Any:
+        if (t.device.type in ("cpu", "meta") or t.layout != torch.strided
+                or t.numel() * t.element_size() < self.min_bytes):
+            return t
+        # Autograd packs inside the op that saves the tensor, where the tracker does not look
+        # (it observes the outermost op only): the op's streams are ordered here by hand. The op
+        # was launched on the current stream after its inputs' producers, so the copy lane waits
+        # for the current stream, and the tensor's memory is not reused before the copy has read
+        # it (record_stream).
+        lane_stream = self._lane().stream(t.device)
+        assert lane_stream is not None
+        lane_stream.wait_stream(torch.accelerator.current_stream(t.device))
+        with lane_stream:
+            host = torch.empty(t.size(), dtype=t.dtype, pin_memory=True)
+            host.copy_(t, non_blocking=True)
+        t.record_stream(lane_stream)
+        with self._lock:
+            index = self._count
+            self._count += 1
+            saved = _Offloaded(t.device, host, index)
+            # (an entry goes when its graph frees it)
+            self._saved[index] = weakref.ref(saved, lambda _, i=index: self._saved.pop(i, None))
+            self.offloaded += 1
+        return saved
+
+    def _start(self, saved: _Offloaded, lane: Pipeline) -> None:
+        # (backward unpacks outside any op: these copies are tracked, and the op that uses the
+        # result waits for its copy)
+        if saved.on_device is None:
+            with _C.pipeline(lane):
+                saved.on_device = saved.host.to(saved.device, non_blocking=True)
+
+    def _unpack(self, saved: Any) -> torch.Tensor:
+        if not isinstance(saved, _Offloaded):
+            return saved
+        lane = self._lane()
+        self._start(saved, lane)
+        with self._lock:
+            ahead = []
+            for i in range(saved.index - 1, max(-1, saved.index - 1 - 4 * self.prefetch), -1):
+                ref = self._saved.get(i)
+                other = ref() if ref is not None else None
+                if other is not None and not other.used and other.on_device is None:
+                    ahead.append(other)
+                    if len(ahead) == self.prefetch:
+                        break
+            saved.used = True
+            self.restored += 1
+        for other in ahead:  # the next ones backward is likely to need
+            self._start(other, lane)
+        on_device, saved.on_device = saved.on_device, None  # (the graph's use is its only one)
+        assert on_device is not None
+        return on_device
+
+    def __enter__(self) -> "offload":
+        if self._hooks is not None:
+            raise RuntimeError("this tp.offload is already entered; make one per `with`")
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        hooks, self._hooks = self._hooks, None
+        assert hooks is not None
+        hooks.__exit__(*exc)
