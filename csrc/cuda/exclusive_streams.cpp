@@ -9,10 +9,12 @@
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <optional>
 
 namespace torch_pipeline {
 namespace cuda {
@@ -29,8 +31,20 @@ c10::Stream create_exclusive_stream(c10::Device device, int priority) {
   return c10::cuda::getStreamFromExternal(stream, device.index()).unwrap();
 }
 
+std::optional<PriorityRange> cuda_priority_range() {
+  if (c10::cuda::device_count() == 0) {
+    return std::nullopt;
+  }
+  PriorityRange range;
+  C10_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&range.least, &range.greatest));
+  range.source = "CUDA (cudaDeviceGetStreamPriorityRange)";
+  return range;
+}
+
 [[maybe_unused]] const bool registered =
     register_exclusive_stream_factory(c10::kCUDA, &create_exclusive_stream);
+[[maybe_unused]] const bool registered_range =
+    register_priority_range(c10::kCUDA, &cuda_priority_range);
 
 }  // namespace
 }  // namespace cuda

@@ -146,6 +146,13 @@ std::vector<core::WorkerThread*> Runtime::workers() {
 
 PipelinePtr Runtime::create_pipeline(int worker_id, int priority) {
   check_worker_id(worker_id);
+  if (priority != 0) {  // (0, the default and lowest, is in every range)
+    const PriorityRange range = pipeline_priority_range();
+    TORCH_CHECK_VALUE(priority >= range.greatest && priority <= range.least, "Pipeline priority ",
+                      priority, " is outside the range of ", range.source, ": ", range.least,
+                      " (lowest, the default) to ", range.greatest,
+                      " (highest); lower numbers are higher priority, as in torch.cuda.Stream");
+  }
   SlotTable* table = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -14,6 +14,7 @@ constexpr size_t kNumTypes = static_cast<size_t>(c10::DeviceType::COMPILE_TIME_M
 struct Registry {
   std::mutex mutex;
   std::array<ExclusiveStreamFactory, kNumTypes> factories;
+  std::array<PriorityRangeQuery, kNumTypes> ranges;
 };
 
 Registry& registry() {
@@ -34,6 +35,30 @@ bool has_exclusive_streams(c10::DeviceType type) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   return static_cast<bool>(r.factories[static_cast<size_t>(type)]);
+}
+
+bool register_priority_range(c10::DeviceType type, PriorityRangeQuery query) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.ranges[static_cast<size_t>(type)] = std::move(query);
+  return true;
+}
+
+PriorityRange pipeline_priority_range() {
+  std::array<PriorityRangeQuery, kNumTypes> ranges;
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    ranges = r.ranges;
+  }
+  for (const auto& query : ranges) {  // (queried without the lock: they may call the backend)
+    if (query) {
+      if (std::optional<PriorityRange> range = query()) {
+        return *range;
+      }
+    }
+  }
+  return PriorityRange{};
 }
 
 c10::Stream new_stream(c10::Device device, int priority) {

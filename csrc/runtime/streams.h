@@ -10,6 +10,8 @@
 #include <c10/core/Stream.h>
 
 #include <functional>
+#include <optional>
+#include <string>
 
 namespace torch_pipeline {
 
@@ -25,5 +27,24 @@ bool has_exclusive_streams(c10::DeviceType type);
 // A new stream on `device` with `priority` (lower is higher priority, as in torch.cuda.Stream):
 // from the exclusive factory when there is one, else from the backend's getNewStream.
 c10::Stream new_stream(c10::Device device, int priority);
+
+// Stream priorities, as in torch.cuda.Stream: lower numbers are higher priority; 0 is the default
+// and the lowest.
+struct PriorityRange {
+  int greatest = -3;  // numerically smallest: the highest priority
+  int least = 0;      // the lowest priority (the default)
+  std::string source = "a backend without a range of its own (fixed, the levels of torch's CUDA "
+                       "stream pools)";
+};
+
+// A backend's range, or nullopt while it has no device (registered at static-initialisation time
+// by csrc/cuda; asked only for a priority other than 0, so a default pipeline never initialises a
+// backend). Returns true so it can initialise a static.
+using PriorityRangeQuery = std::function<std::optional<PriorityRange>()>;
+bool register_priority_range(c10::DeviceType type, PriorityRangeQuery query);
+
+// The range pipelines accept: the first registered backend that has a device (CUDA, then sim),
+// else the fixed range -3..0.
+PriorityRange pipeline_priority_range();
 
 }  // namespace torch_pipeline

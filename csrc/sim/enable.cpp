@@ -149,6 +149,10 @@ void enable(int n, bool strict) {
   register_exclusive_stream_factory(kSim, [](c10::Device device, int priority) {
     return State::get().new_stream(device.index(), priority);
   });
+  register_priority_range(kSim, [] {
+    return std::optional<PriorityRange>(
+        PriorityRange{kHighestPriority, kLowestPriority, "the sim device"});
+  });
 }
 
 }  // namespace sim

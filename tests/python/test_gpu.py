@@ -33,6 +33,18 @@ def test_live_pipelines_never_share_a_cuda_stream_beyond_the_pool_size() -> None
     assert all(s != torch.cuda.default_stream() for s in streams)
 
 
+def test_high_priority_lane_has_a_high_priority_cuda_stream() -> None:
+    least, greatest = torch.cuda.Stream.priority_range()  # torch's part of CUDA's range
+    hi, lo = tp.Pipeline(priority=greatest), tp.Pipeline()
+    for p, want in ((hi, greatest), (lo, least)):
+        s = p.stream("cuda:0")
+        got = torch.cuda.Stream(stream_id=s.stream_id, device_index=s.device_index,
+                                device_type=s.device_type).priority
+        assert got == want
+    with pytest.raises(ValueError, match="outside the range of CUDA"):
+        tp.Pipeline(priority=-100)  # (CUDA's own range may reach further than torch's -3)
+
+
 def test_lifetime_disjoint_pipelines_reuse_the_same_stream() -> None:
     p = tp.Pipeline()
     s = p.stream("cuda:0")

@@ -59,6 +59,38 @@ def test_slots_are_per_worker_thread_and_priority() -> None:
     assert b0.id == 2
 
 
+def test_priority_outside_the_range_is_refused_naming_it() -> None:
+    """Without an accelerator the range is fixed, -3..0 (the levels of torch's CUDA pools)."""
+    assert tp.Pipeline(priority=-3).priority == -3
+    for bad in (-4, 1):
+        with pytest.raises(ValueError, match=r"priority .* outside the range .*: 0 \(lowest, the "
+                                             r"default\) to -3 \(highest\)"):
+            tp.Pipeline(priority=bad)
+
+
+def test_sim_lane_of_high_priority_has_a_high_priority_stream() -> None:
+    """On the sim device (its own range, -3..0) a pipeline's streams take its priority."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch_pipeline as tp, torch_pipeline.sim as sim\n"
+        "sim.enable(1)\n"
+        "hi, lo = tp.Pipeline(priority=-3), tp.Pipeline()\n"
+        "assert sim._C._sim_stream_priority(hi.stream('sim:0')) == -3\n"
+        "assert sim._C._sim_stream_priority(lo.stream('sim:0')) == 0\n"
+        "try:\n"
+        "    tp.Pipeline(priority=-4)\n"
+        "except ValueError as e:\n"
+        "    assert 'the sim device' in str(e), e\n"
+        "else:\n"
+        "    raise AssertionError('priority -4 accepted')\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
 def test_temporary_pipeline_in_open_context_stays_alive() -> None:
     with tp.pipeline(tp.Pipeline()) as p:
         held = p.id
