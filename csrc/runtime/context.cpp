@@ -4,10 +4,12 @@
 #include "runtime.h"
 #include "warn.h"
 
+#include <ATen/record_function.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,7 +20,23 @@ struct Entry {
   PipelinePtr pipeline;            // what this entry made current
   PipelinePtr previous;            // what was current before it
   std::vector<c10::Stream> saved;  // the torch current streams it replaced, one per device
+  // A named range for profilers (torch.profiler, Kineto): "tp.pipeline worker W slot S", open
+  // from entry to exit. Made only while some RecordFunction callback wants user scopes.
+  std::unique_ptr<at::RecordFunction> range;
 };
+
+std::unique_ptr<at::RecordFunction> open_range(const PipelineImpl& p) {
+  if (!at::hasCallbacks()) {
+    return nullptr;
+  }
+  auto range = std::make_unique<at::RecordFunction>(at::RecordScope::USER_SCOPE);
+  if (!range->isActive()) {
+    return nullptr;
+  }
+  range->before("tp.pipeline worker " + std::to_string(p.worker_id()) + " slot " +
+                std::to_string(p.id()));
+  return range;
+}
 
 struct ThreadState {
   PipelinePtr current;  // nullptr: the default pipeline
@@ -151,7 +169,7 @@ c10::Stream pipeline_stream(PipelineImpl& p, const c10::Device& device) {
 
 void enter_pipeline(const PipelinePtr& p) {
   TORCH_INTERNAL_ASSERT(p != nullptr);
-  Entry entry{p, tls.current, switch_streams(lane_streams(*p))};
+  Entry entry{p, tls.current, switch_streams(lane_streams(*p)), open_range(*p)};
   tls.stack.push_back(std::move(entry));
   tls.current = p;
 }

@@ -91,6 +91,22 @@ def test_sim_lane_of_high_priority_has_a_high_priority_stream() -> None:
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
 
 
+def test_pipeline_contexts_are_named_ranges_in_profiles() -> None:
+    """torch.profiler shows each pipeline context as a range around the ops it ran."""
+    from torch.profiler import ProfilerActivity, profile
+
+    p = tp.Pipeline(1)
+    x = torch.ones(4)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with tp.pipeline(p):
+            torch.add(x, 1)
+    events = {e.name: e for e in prof.events()}
+    name = f"tp.pipeline worker 1 slot {p.id}"
+    assert name in events
+    rng, op = events[name], events["aten::add"]
+    assert rng.time_range.start <= op.time_range.start <= op.time_range.end <= rng.time_range.end
+
+
 def test_temporary_pipeline_in_open_context_stays_alive() -> None:
     with tp.pipeline(tp.Pipeline()) as p:
         held = p.id
