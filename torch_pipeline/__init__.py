@@ -39,6 +39,7 @@ from ._C import (
     set_pipeline,
     synchronize,
 )
+from . import _compiled  # noqa: F401  (tracks torch.compile's regions as ops)
 from . import _exit  # noqa: F401  (registers the interpreter-exit handler)
 from ._collectives import collective, comm_stream
 from ._decorators import pipelined

@@ -30,6 +30,9 @@ def tracking_stats() -> Dict[str, Any]:
       subclasses such as DTensor) left to the ops they call, which are tracked instead
     * ``gaps`` / ``gap_ops`` -- ops on a device whose memory accesses could not be accounted for,
       and their names (each also warned about once: declare such accesses with :class:`track`)
+    * ``compiled_regions`` -- calls of ``torch.compile``'d code (AOTAutograd's forward, backward
+      and inference) tracked as one op each; ``compiled_unwrapped`` -- compiled regions in which
+      nothing could be tracked (warned about once)
 
     Example::
 

@@ -16,6 +16,7 @@
 #include "../runtime/tracking.h"
 #include "../runtime/waits.h"
 
+#include <ATen/record_function.h>
 #include <torch/csrc/jit/api/object.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
@@ -133,6 +134,18 @@ device); both need enable_timing=True.
   py::class_<tracking::TrackScope>(m, "_TrackScope")
       .def(py::init<const std::vector<at::Tensor>&, const std::vector<at::Tensor>&>(),
            py::arg("reads"), py::arg("writes"), py::call_guard<py::gil_scoped_release>());
+  py::class_<tracking::CompiledRegion>(m, "_CompiledRegion")
+      .def(py::init<const std::vector<at::Tensor>&>(), py::arg("args"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("outputs", &tracking::CompiledRegion::outputs, py::arg("outs"))
+      .def("close", &tracking::CompiledRegion::close, py::call_guard<py::gil_scoped_release>());
+  m.def("_set_regions_wrapped", &tracking::set_regions_wrapped, py::arg("wrapped"));
+  m.def("_tracking_live", &tracking::live);
+  m.def("_set_record_function_enabled", [](bool enabled) { at::enableRecordFunction(enabled); },
+        py::arg("enabled"),
+        "Test switch: False turns RecordFunction off on this thread, so the ops it runs are as "
+        "invisible to the tracker as kernels launched outside the dispatcher (Triton's). Not for "
+        "production code.");
   m.def("_set_tracking_enabled", &tracking::set_enabled, py::arg("enabled"),
         py::call_guard<py::gil_scoped_release>(),
         "Test switch: False stops automatic synchronization (tests use it to show the races it "
@@ -178,6 +191,8 @@ device); both need enable_timing=True.
     d["storages"] = s.storages;
     d["streams"] = s.streams;
     d["unclaimed"] = s.unclaimed;
+    d["compiled_regions"] = s.compiled_regions;
+    d["compiled_unwrapped"] = s.compiled_unwrapped;
     d["gaps"] = s.gaps;
     py::list gap_ops;
     for (const std::string& name : s.gap_ops) {

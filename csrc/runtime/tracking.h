@@ -97,6 +97,8 @@ struct Stats {
                                 // left to the ops they call
   uint64_t gaps = 0;            // ops seen on a device whose accesses could not be accounted for
   std::vector<std::string> gap_ops;  // their operator names (each warned about once)
+  uint64_t compiled_regions = 0;     // compiled-region calls tracked as one op (CompiledRegion)
+  uint64_t compiled_unwrapped = 0;   // compiled regions that ran without one (warned about once)
 };
 Stats stats();
 
@@ -149,6 +151,35 @@ class TrackScope {
   uint64_t period_ = 0;  // the live period of the launch
   std::vector<Launched> launched_;
   std::vector<PendingKeepAlive> keep_alive_;  // kept alive from the end of the scope, like an op's
+};
+
+// A call of a compiled region (torch.compile: AOTAutograd's forward, backward or inference call,
+// wrapped by torch_pipeline/_compiled.py) as one op on the current streams: the constructor reads
+// and writes every tensor argument (lifted parameters and buffers, inputs, saved tensors: compiled
+// kernels may write any of them) and enters their devices into the current pipeline; the ops it
+// calls are not observed while it runs on this thread (its kernels are its own, whether the
+// dispatcher sees them or not); outputs() names what it made; close() ends it, like an op's end. No-op while idle, or inside an observed op or region.
+// Whether compiled regions are wrapped (see regions_wrapped in tracking/observer.h).
+void set_regions_wrapped(bool wrapped);
+
+class CompiledRegion {
+ public:
+  explicit CompiledRegion(const std::vector<at::Tensor>& args);
+  ~CompiledRegion();  // close()
+  // Ends the region (idempotent): Python calls it in a finally, as a traceback may keep the
+  // object alive.
+  void close();
+  CompiledRegion(const CompiledRegion&) = delete;
+  CompiledRegion& operator=(const CompiledRegion&) = delete;
+  void outputs(const std::vector<at::Tensor>& outs);
+
+ private:
+  bool open_ = false;
+  uint64_t period_ = 0;
+  std::vector<at::Tensor> args_;
+  std::vector<Launched> launched_;
+  std::vector<PendingKeepAlive> keep_alive_;
+  std::vector<at::Tensor> fresh_;
 };
 
 // The tensors of a submitted task (docs/design.md §3): until release(), a write to their storages

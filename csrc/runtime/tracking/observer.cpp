@@ -17,6 +17,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 #include <utility>
 
@@ -25,6 +26,22 @@ namespace tracking {
 namespace detail {
 
 namespace {
+
+// Tls::active of a thread inside a compiled region (no level is negative).
+constexpr int kInRegion = -1;
+
+// The name of Dynamo's range around a call of compiled code ("Torch-Compiled Region: 0/0").
+constexpr char kDynamoRange[] = "Torch-Compiled Region";
+
+void report_compiled_gap(const char* name) {
+  warn_once("compiled region not tracked",
+            std::string("automatic synchronization could not see the kernels of a compiled region "
+                        "(") + name + "): neither its AOTAutograd call nor any operator in it was "
+            "tracked, so it may race with other pipelines. torch_pipeline wraps AOTAutograd's "
+            "compiled calls (the default inductor backend and aot_* backends); for another "
+            "backend, declare the region's tensors with `with tp.track(read=..., write=...)` "
+            "around the call. Warned once.");
+}
 
 // Per-thread state of the op being observed (only the outermost one of a thread).
 struct Tls {
@@ -51,6 +68,16 @@ struct Tls {
   };
   std::vector<Unclaimed> unclaimed;
   uint64_t observed = 0;  // ops this thread looked at (not transparent), nested ones included
+  uint64_t regions = 0;   // compiled regions this thread opened (CompiledRegion)
+  // Dynamo's "Torch-Compiled Region" ranges open on this thread, innermost last: their level and
+  // `regions` and `observed` when they started (a range in which neither moved ran kernels the
+  // tracker could not see).
+  struct Dynamo {
+    int level;
+    uint64_t regions;
+    uint64_t observed;
+  };
+  std::vector<Dynamo> dynamo;
 };
 thread_local Tls tls;
 
@@ -252,6 +279,10 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   // (RecordFunctions without a schema, e.g. autograd's "detach", are not dispatcher ops: what
   // they do runs in the ops they call, if any, which are observed.)
   if (facts.transparent) {
+    if (!fn.operator_name().has_value() &&
+        std::strncmp(fn.name(), kDynamoRange, sizeof(kDynamoRange) - 1) == 0) {
+      t.dynamo.push_back(Tls::Dynamo{t.level, t.regions, t.observed});
+    }
     return nullptr;
   }
   ++t.observed;
@@ -297,6 +328,14 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     if (!run.keep_alive.empty()) {
       record_instead(run.keep_alive);  // (begin_op failed after choosing to keep alive)
     }
+  } else if (!t.dynamo.empty() && t.dynamo.back().level == t.level) {
+    const Tls::Dynamo d = t.dynamo.back();
+    t.dynamo.pop_back();
+    if (d.regions == t.regions && d.observed == t.observed && !regions_wrapped()) {
+      // Nothing in it was tracked: its kernels ran where the tracker could not see them.
+      count(g_counters.compiled_unwrapped);
+      report_compiled_gap(fn.name());
+    }
   } else if (!t.unclaimed.empty() && t.unclaimed.back().level == t.level) {
     const Tls::Unclaimed u = t.unclaimed.back();
     t.unclaimed.pop_back();
@@ -318,10 +357,25 @@ at::CallbackHandle add_observer() {
                                    .scopes({at::RecordScope::FUNCTION}));
 }
 
+bool begin_region() {
+  if (tls.active != 0) {
+    return false;
+  }
+  tls.active = kInRegion;
+  ++tls.regions;
+  return true;
+}
+
+void end_region() {
+  TORCH_INTERNAL_ASSERT(tls.active == kInRegion, "a compiled region ended out of order");
+  tls.active = 0;
+}
+
 void reset_observer_thread_after_fork() {
   tls.level = 0;
   tls.active = 0;
   tls.unclaimed.clear();
+  tls.dynamo.clear();
   thread_run().last = Position{};
   thread_run().keep_alive.clear();
 }

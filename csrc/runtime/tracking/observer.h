@@ -16,6 +16,15 @@ at::CallbackHandle add_observer();
 // In a forked child (on the forking thread): its per-thread state starts over.
 void reset_observer_thread_after_fork();
 
+// A compiled region on this thread (CompiledRegion): until end_region(), ops are not observed.
+// False (and nothing changes) when the thread is already inside an observed op or region.
+bool begin_region();
+void end_region();
+// Whether torch_pipeline/_compiled.py wrapped AOTAutograd's compiled calls (set_regions_wrapped in
+// tracking.h). Without it, a Dynamo "Torch-Compiled Region" in which nothing was tracked is
+// counted and warned about once.
+bool regions_wrapped();
+
 }  // namespace detail
 }  // namespace tracking
 }  // namespace torch_pipeline

@@ -115,6 +115,8 @@ Stats stats() {
   s.released = g_counters.released.load();
   s.unclaimed = g_counters.unclaimed.load();
   s.gaps = g_counters.gaps.load();
+  s.compiled_regions = g_counters.compiled_regions.load();
+  s.compiled_unwrapped = g_counters.compiled_unwrapped.load();
   s.gap_ops = gap_ops();
   LiveState& st = state();
   std::lock_guard<std::mutex> lock(st.mutex);

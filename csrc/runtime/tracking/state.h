@@ -57,7 +57,8 @@ extern std::atomic<int64_t> g_host_watch;  // watched CPU storages, not swept
 
 struct Counters {
   std::atomic<uint64_t> ops{0}, launches{0}, waits{0}, events{0}, host_waits{0},
-      record_streams{0}, pin_waits{0}, keep_alives{0}, released{0}, unclaimed{0}, gaps{0};
+      record_streams{0}, pin_waits{0}, keep_alives{0}, released{0}, unclaimed{0}, gaps{0},
+      compiled_regions{0}, compiled_unwrapped{0};
 };
 extern Counters g_counters;
 inline void count(std::atomic<uint64_t>& c, uint64_t n = 1) {
