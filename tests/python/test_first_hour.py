@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -310,3 +311,68 @@ def test_diagnostics_reports_a_bad_setting_and_exits_1() -> None:
     f = _fields(proc.stdout)
     assert "ValueError" in f["allocator safety (keep-alive mode)"]
     assert "TORCH_PIPELINE_ALLOCATOR_SAFETY" in f["allocator safety (keep-alive mode)"]
+
+
+# ---- scripts/demo.sh and scripts/test.sh: what they install, with a stand-in venv -------------
+def _run_script(tmp_path: Path, script: str, **env: str) -> List[str]:
+    """Runs scripts/<script> with VENV pointing at a stand-in python that only logs its
+    arguments (one line per call); returns those lines."""
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    log = tmp_path / "calls.log"
+    stub = venv_bin / "python"
+    stub.write_text(textwrap.dedent(f"""\
+        #!/usr/bin/env bash
+        echo "$*" >> {log}
+        # "import torch" fails, as in a fresh venv, so that the scripts install it
+        [ "$1" = "-c" ] && [[ "$2" == "import torch"* ]] && [[ "$2" != *torch_pipeline* ]] && exit 1
+        exit 0
+        """))
+    stub.chmod(0o755)
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_")}
+    child_env.update(env, VENV=str(tmp_path / "venv"))
+    # A session of its own, so that a script that goes wrong (builds the C++ tests after all) is
+    # stopped with everything it started.
+    proc = subprocess.Popen(["bash", str(ROOT / "scripts" / script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=child_env, cwd=ROOT,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError(f"scripts/{script} did not finish in 60 s with a stand-in python")
+    assert proc.returncode == 0, out
+    assert "== C++ core" not in out, "PYTHON_ONLY=1 must skip the GoogleTest step"
+    return log.read_text().splitlines()
+
+
+def _pip_installs(calls: List[str]) -> List[str]:
+    return [c for c in calls if c.startswith("-m pip install")]
+
+
+def test_demo_script_installs_numpy_and_takes_a_torch_index(tmp_path: Path) -> None:
+    calls = _run_script(tmp_path, "demo.sh",
+                        TORCH_INDEX_URL="https://download.pytorch.org/whl/cpu")
+    installs = _pip_installs(calls)
+    assert any("numpy" in c.split() for c in installs), installs  # no "Failed to initialize NumPy"
+    torch_line = next(c for c in installs if "torch==" in c)
+    assert "--index-url https://download.pytorch.org/whl/cpu" in torch_line
+    assert any(c.startswith("examples/async_logging.py") for c in calls)
+
+
+def test_test_script_python_only_skips_the_cpp_step(tmp_path: Path) -> None:
+    calls = _run_script(tmp_path, "test.sh", PYTHON_ONLY="1")
+    installs = _pip_installs(calls)
+    assert any("ninja" in c.split() and "numpy" in c.split() for c in installs), installs
+    torch_line = next(c for c in installs if "torch==" in c)
+    assert "--index-url" not in torch_line  # pip's configured indexes unless TORCH_INDEX_URL
+    assert any(c.startswith("-m pytest tests/python") for c in calls)
+
+
+def test_readme_install_line_installs_ninja_and_shows_the_build_choice() -> None:
+    readme = (ROOT / "README.md").read_text()
+    install = readme[readme.index("## Install"):readme.index("## The two commands")]
+    assert "pip install ninja" in install
+    assert "pip install -v --no-build-isolation ." in install
+    assert "python -m torch_pipeline" in install
