@@ -200,15 +200,26 @@ def _cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+# The defaults per device: what parse_args uses and what --help says, from one table.
+DEFAULTS = {
+    "cpu": {"steps": 500, "width": 384, "batch": 64},
+    "cuda": {"steps": 1000, "width": 4096, "batch": 1024},
+}
+
+
+def _default_help(name: str) -> str:
+    return f"(default: {DEFAULTS['cpu'][name]} on CPU, {DEFAULTS['cuda'][name]} on CUDA)"
+
+
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=None, help="training steps per run (default: 300 on CPU, 1000 on CUDA)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps per run " + _default_help("steps"))
     parser.add_argument(
         "--log-latency-ms", type=float, default=2.0, help="simulated I/O latency per log line (default 2)"
     )
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    parser.add_argument("--width", type=int, default=None, help="MLP width (default: 384 on CPU, 4096 on CUDA)")
-    parser.add_argument("--batch", type=int, default=None, help="batch size (default: 64 on CPU, 1024 on CUDA)")
+    parser.add_argument("--width", type=int, default=None, help="MLP width " + _default_help("width"))
+    parser.add_argument("--batch", type=int, default=None, help="batch size " + _default_help("batch"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-dir", default=None, help="where the two log files go (default: a temporary folder)")
     parser.add_argument("--echo", action="store_true", help="also print every log line to stdout")
@@ -225,12 +236,10 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     cuda = torch.device(args.device).type == "cuda"
     if cuda and not torch.cuda.is_available():
         parser.error("--device cuda, but CUDA is not available")
-    if args.steps is None:
-        args.steps = 1000 if cuda else 500
-    if args.width is None:
-        args.width = 4096 if cuda else 384
-    if args.batch is None:
-        args.batch = 1024 if cuda else 64
+    defaults = DEFAULTS["cuda" if cuda else "cpu"]
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.threads is None:
         args.threads = 0 if cuda else max(1, _cpu_count() - 1)
     if args.steps < 1 or args.log_latency_ms < 0 or args.threads < 0:

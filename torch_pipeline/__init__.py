@@ -18,6 +18,7 @@ The package is a thin layer over the compiled ``torch_pipeline._C`` (pipelines, 
 threads; see ``_C.pyi``) with small modules for the rest: ``_tasks`` (TaskFuture), ``_decorators``
 (``pipelined``), ``_collectives`` (``collective``, ``comm_stream``), ``_tracking`` (``track``, ``tracking_stats``),
 ``_exit`` (the interpreter-exit drain). Importing it changes nothing in torch.
+``python -m torch_pipeline`` prints what is installed and what it sees (for bug reports).
 """
 from __future__ import annotations
 

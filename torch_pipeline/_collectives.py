@@ -123,4 +123,17 @@ def comm_stream(device: DeviceLike = None,
 
         >>> s = tp.comm_stream("cuda:0", worker_thread=1)   # doctest: +SKIP
     """
+    if worker_thread is not None and not isinstance(worker_thread, WorkerThread):
+        # Checked here, also on the CPU where there is no stream to return.
+        if not isinstance(worker_thread, int) or isinstance(worker_thread, bool):
+            raise TypeError(
+                f"worker_thread must be a torch_pipeline.WorkerThread, an int or None, got an "
+                f"object of type {type(worker_thread).__name__}"
+            )
+        cap = _C.max_worker_threads()
+        if not 0 <= worker_thread < cap:
+            raise ValueError(
+                f"worker thread id {worker_thread} is out of range: the cap is {cap} worker "
+                f"threads (ids 0..{cap - 1})"
+            )
     return _C._comm_stream(device, worker_thread)

@@ -32,5 +32,16 @@ class TaskFuture(torch.futures.Future, Generic[T]):
         self._tp_sync.wait()
         return super().wait()
 
+    def value(self) -> T:
+        """The task's result (or its exception, raised) once it has finished; RuntimeError
+        before that (``torch.futures.Future.value`` would fail an internal assert there)."""
+        if not self.done():
+            raise RuntimeError(
+                "TaskFuture.value() was called before the task finished: value() never waits. "
+                "Call wait() (it waits for the task, then orders this thread's streams after the "
+                "task's), or check done() first"
+            )
+        return super().value()
+
 
 _C._set_future_class(TaskFuture)

@@ -184,6 +184,15 @@ size_t WorkerThread::pending() const {
   return queue_.size();
 }
 
+std::string WorkerThread::describe_task(uint64_t seq) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (seq <= completed_ || seq > submitted_) return "";
+  if (running_task_ && seq == running_seq_) return running_->describe();
+  const uint64_t first_queued = submitted_ - queue_.size() + 1;
+  if (seq >= first_queued) return queue_[static_cast<size_t>(seq - first_queued)]->describe();
+  return "";  // cancelled out of order, or between dequeue and run
+}
+
 int WorkerThread::current_id() {
   return t_current_worker != nullptr ? t_current_worker->id_ : -1;
 }
@@ -237,6 +246,8 @@ void WorkerThread::loop() {
     // What is still queued is numbered up to submitted_, so this task is the one just before.
     const uint64_t seq = submitted_ - queue_.size();
     running_task_ = true;
+    running_seq_ = seq;
+    running_ = task.get();
     lock.unlock();
 
     try {
@@ -244,6 +255,9 @@ void WorkerThread::loop() {
     } catch (const std::exception& e) {
       report_error("worker thread " + std::to_string(id_) + ": task raised: " + e.what());
     }
+    lock.lock();
+    running_ = nullptr;  // before the task goes: describe_task() may look at it under the lock
+    lock.unlock();
     task.reset();  // release what the task owns before it counts as done
 
     lock.lock();
@@ -309,6 +323,69 @@ void WorkerPool::shutdown(bool cancel_queued) {
     for (WorkerThread* w : workers) w->cancel_pending(shut_down_message(w->id()));
   }
   for (WorkerThread* w : workers) w->shutdown(cancel_queued);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Waits across worker threads
+
+WorkerPool::WaitGuard::WaitGuard(WaitGuard&& other) noexcept
+    : pool_(other.pool_), waiter_(other.waiter_) {
+  other.pool_ = nullptr;
+}
+
+WorkerPool::WaitGuard::~WaitGuard() {
+  if (pool_ != nullptr) pool_->end_wait(waiter_);
+}
+
+namespace {
+
+std::string task_label(WorkerThread& w, uint64_t seq) {
+  std::string what = w.describe_task(seq);
+  if (what.empty()) what = "a task";
+  return what + " on worker thread " + std::to_string(w.id()) + " (its task #" +
+         std::to_string(seq) + ")";
+}
+
+}  // namespace
+
+WorkerPool::WaitGuard WorkerPool::begin_wait(int waiter, int target, uint64_t seq) {
+  worker(waiter);  // checks the id
+  std::lock_guard<std::mutex> lock(waits_mutex_);
+  // The chain of waits: (worker, the task number it must complete) for each hop.
+  std::vector<std::pair<int, uint64_t>> chain{{target, seq}};
+  for (;;) {
+    const auto [id, need] = chain.back();
+    WorkerThread& w = worker(id);
+    if (w.completed() >= need) break;  // done, or about to be: no cycle through here
+    if (id == waiter) {
+      // `waiter` would have to complete `need`, which is its running task or one behind it.
+      std::string message =
+          "torch_pipeline: these waits could never end (a cycle of waits across worker threads, "
+          "each of which runs its tasks one at a time, in order): ";
+      int from = waiter;
+      for (size_t i = 0; i < chain.size(); ++i) {
+        // A waiting worker's running task is the one after those completed (FIFO).
+        WorkerThread& src = worker(from);
+        message += (i == 0 ? "" : "; ") + task_label(src, src.completed() + 1) + " waits for " +
+                   task_label(worker(chain[i].first), chain[i].second);
+        from = chain[i].first;
+      }
+      message += ". Wait for another worker thread's task only where no task of that worker "
+                 "waits back (or from outside tasks), or return the future instead of waiting";
+      throw WaitCycleError(message);
+    }
+    const auto it = waits_.find(id);
+    if (it == waits_.end()) break;  // w's running task is not blocked on another worker
+    if (chain.size() > static_cast<size_t>(cap_)) break;  // a cycle not through `waiter`
+    chain.emplace_back(it->second.target, it->second.seq);
+  }
+  waits_[waiter] = Wait{target, seq};
+  return WaitGuard(this, waiter);
+}
+
+void WorkerPool::end_wait(int waiter) {
+  std::lock_guard<std::mutex> lock(waits_mutex_);
+  waits_.erase(waiter);
 }
 
 }  // namespace core

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,6 +38,16 @@ class Task {
   // Called instead of run() when the task is dropped before it started (cancel_pending).
   // Called on the thread that cancels, never with a worker lock held.
   virtual void cancel(const std::string& reason) noexcept = 0;
+  // What the task is, for error messages (e.g. "a task of pipeline id=1"). Called with the
+  // worker's lock held: must not block or take other locks. Default: "a task".
+  virtual std::string describe() const { return "a task"; }
+};
+
+// Thrown by WorkerPool::begin_wait when a wait could never end (a cycle of waits across worker
+// threads); what() describes each task of the cycle.
+class WaitCycleError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 class WorkerThread {
@@ -78,6 +89,8 @@ class WorkerThread {
   bool started() const;
   // Whether a task is running right now.
   bool busy() const;
+  // describe() of the task numbered `seq` if it is running or queued, else "" (done/unknown).
+  std::string describe_task(uint64_t seq) const;
   // Number of queued tasks that have not started.
   size_t pending() const;
 
@@ -102,6 +115,8 @@ class WorkerThread {
   // task was still running. completed_ only moves over a number once everything before it is done.
   std::map<uint64_t, uint64_t> finished_ahead_;
   bool running_task_ = false;
+  uint64_t running_seq_ = 0;             // number of the running task (while running_task_)
+  const Task* running_ = nullptr;        // the running task (while running_task_)
   bool stopping_ = false;
   bool started_ = false;
   std::thread thread_;
@@ -126,11 +141,42 @@ class WorkerPool {
   // shutdown(cancel_queued) on every created worker.
   void shutdown(bool cancel_queued);
 
+  // Registration of a task's wait for another worker's task: while it lives, the task running on
+  // worker `waiter` is blocked until worker `target` has completed task `seq`.
+  class WaitGuard {
+   public:
+    WaitGuard(WaitGuard&& other) noexcept;
+    WaitGuard& operator=(WaitGuard&&) = delete;
+    WaitGuard(const WaitGuard&) = delete;
+    ~WaitGuard();
+
+   private:
+    friend class WorkerPool;
+    WaitGuard(WorkerPool* pool, int waiter) : pool_(pool), waiter_(waiter) {}
+    WorkerPool* pool_;  // null: nothing registered
+    int waiter_;
+  };
+  // Called on worker `waiter`'s thread by a task about to block until worker `target` has
+  // completed task `seq`. Throws WaitCycleError, naming each task, when that could never happen:
+  // following what each worker's running task waits for, from (target, seq), leads back to
+  // `waiter` itself (its running task, or one queued behind it, can then never run). Otherwise
+  // registers the wait until the guard is destroyed. Of two tasks closing a cycle at the same
+  // time, the later one to register gets the error.
+  [[nodiscard]] WaitGuard begin_wait(int waiter, int target, uint64_t seq);
+
  private:
+  struct Wait {
+    int target;
+    uint64_t seq;
+  };
+  void end_wait(int waiter);
+
   const int cap_;
   const std::function<void()> on_idle_;
   mutable std::mutex mutex_;
   std::vector<std::unique_ptr<WorkerThread>> workers_;  // size cap_, created lazily
+  std::mutex waits_mutex_;          // taken before any worker's lock, never after
+  std::map<int, Wait> waits_;       // waiting worker -> what its running task waits for
 };
 
 }  // namespace core

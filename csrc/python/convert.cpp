@@ -7,6 +7,7 @@
 #include <torch/csrc/Device.h>
 
 #include <atomic>
+#include <climits>
 
 namespace py = pybind11;
 
@@ -98,9 +99,11 @@ std::optional<c10::Device> to_accelerator_device(py::handle device_like) {
     TORCH_CHECK_VALUE(
         acc.has_value(), "device index ", py::str(device_like).cast<std::string>(),
         " given, but no accelerator is available");
+    check_device_index(*acc, int_in_range(device_like, LLONG_MIN, LLONG_MAX).value_or(LLONG_MAX));
     device = py::module_::import("torch").attr("device")(
         c10::DeviceTypeName(*acc, /*lower_case=*/true), device_like);
   } else if (PyUnicode_Check(device_like.ptr())) {
+    check_device_string(py::cast<std::string>(device_like));
     device = py::module_::import("torch").attr("device")(device_like);
   }
   TORCH_CHECK_TYPE(

@@ -10,6 +10,8 @@
 #include "../runtime/runtime.h"
 #include "../runtime/waits.h"
 
+#include <torch/version.h>
+
 #include <sstream>
 
 namespace py = pybind11;
@@ -38,6 +40,44 @@ std::string pipeline_repr(const PipelineImpl& p) {
 }
 
 using Warnings = py::call_guard<PythonWarnings>;
+
+// TypeError for arguments Pipeline(worker_thread=None, *, priority=0) does not take.
+[[noreturn]] void bad_pipeline_arguments(const py::args& args, const py::kwargs& kwargs) {
+  constexpr const char* kSignature = "Pipeline(worker_thread=None, *, priority=0)";
+  TORCH_CHECK_TYPE(
+      args.size() <= 1, kSignature, " takes at most one positional argument (the worker thread), "
+      "got ", args.size(), "; pass priority by keyword, e.g. Pipeline(1, priority=0)");
+  for (const auto& item : kwargs) {
+    const std::string key = py::str(item.first);
+    TORCH_CHECK_TYPE(
+        key == "worker_thread" || key == "priority", kSignature,
+        " got an unexpected keyword argument '", key, "'");
+  }
+  TORCH_CHECK_TYPE(false, kSignature, " got worker_thread twice (by position and by keyword)");
+}
+
+// How this extension was built: what `python -m torch_pipeline` prints.
+py::dict build_info() {
+  py::dict d;
+#ifdef TORCH_PIPELINE_WITH_CUDA
+  d["cuda"] = true;
+#else
+  d["cuda"] = false;
+#endif
+  d["torch"] = TORCH_VERSION;  // the torch headers it was compiled against
+#if defined(__clang__)
+  d["compiler"] = std::string("clang ") + __clang_version__;
+#elif defined(__GNUC__)
+  d["compiler"] = std::string("gcc ") + __VERSION__;
+#else
+  d["compiler"] = "unknown";
+#endif
+  d["cplusplus"] = static_cast<long>(__cplusplus);
+#ifdef _GLIBCXX_USE_CXX11_ABI
+  d["cxx11_abi"] = static_cast<bool>(_GLIBCXX_USE_CXX11_ABI);
+#endif
+  return d;
+}
 
 }  // namespace
 
@@ -72,6 +112,7 @@ A long-lived worker thread of torch_pipeline's capped pool. Get one with get_wor
     return WorkerThreadHandle{i};
   }, py::arg("id"), "The handle of worker thread `id` (0 <= id < max_worker_threads()).");
   m.def("max_worker_threads", &max_worker_threads, "The worker-thread cap (default 4).");
+  m.def("_build_info", &build_info, "How this extension was built (python -m torch_pipeline).");
   m.def("set_max_worker_threads", [](py::handle n) {
     TORCH_CHECK_TYPE(
         is_int(n), "set_max_worker_threads expects an int, got an object of type ", type_name(n));
@@ -114,6 +155,11 @@ method raises RuntimeError (its worker thread and streams do not exist there).
         return p;
       }), py::arg("worker_thread") = py::none(), py::kw_only(), py::arg("priority") = 0,
          Warnings())
+      // Any other arguments: say what the constructor takes (pybind would list its overloads).
+      .def(py::init([](py::args args, py::kwargs kwargs) -> PipelinePtr {
+        bad_pipeline_arguments(args, kwargs);
+        return nullptr;  // not reached
+      }))
       .def_property_readonly("id", &PipelineImpl::id)
       .def_property_readonly("worker_thread", [](const PipelineImpl& p) {
         return WorkerThreadHandle{p.worker_id()};

@@ -36,8 +36,11 @@ makes another pipeline's stream on each of those devices wait for it.
     >>> e = producer.record_event()      # or torch_pipeline.PipelineEvent().record(producer)
     >>> consumer.wait_event(e)
 )doc")
-      .def(py::init([](bool enable_timing) {
-        return std::make_shared<PipelineEvent>(enable_timing);
+      .def(py::init([](py::handle enable_timing) {
+        TORCH_CHECK_TYPE(
+            PyBool_Check(enable_timing.ptr()), "enable_timing must be True or False, got an "
+            "object of type ", type_name(enable_timing));
+        return std::make_shared<PipelineEvent>(enable_timing.ptr() == Py_True);
       }), py::kw_only(), py::arg("enable_timing") = false)
       .def("record", [](PipelineEvent& e, py::handle p) {
         e.record(*to_pipeline_or_current(p, "PipelineEvent.record"));

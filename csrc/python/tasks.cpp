@@ -25,6 +25,28 @@ namespace {
 PyObject* g_future_class = nullptr;  // strong reference, never released
 std::atomic<bool> g_draining{false};  // the exit handler runs: only tasks may submit
 
+// "task step() of pipeline id=1 (priority 0)": what a task is, in messages.
+std::string describe_task(const PipelineImpl& p, py::handle fn) {
+  std::string name = Py_TYPE(fn.ptr())->tp_name;
+  if (PyObject* qualname = PyObject_GetAttrString(fn.ptr(), "__qualname__")) {
+    const char* utf8 = PyUnicode_Check(qualname) ? PyUnicode_AsUTF8(qualname) : nullptr;
+    if (utf8 != nullptr) {
+      name = utf8;
+    } else {
+      PyErr_Clear();
+    }
+    Py_DECREF(qualname);
+  } else {
+    PyErr_Clear();
+  }
+  std::string what = "task " + name + "() of ";
+  if (p.is_default()) {
+    return what + "the default pipeline";
+  }
+  return what + "pipeline id=" + std::to_string(p.id()) + " (priority " +
+         std::to_string(p.priority()) + ")";
+}
+
 // The Python references of a task are raw so that no destructor ever touches Python without the
 // GIL: they are dropped with the GIL held, or leaked once the interpreter is exiting.
 class PyTask final : public core::Task {
@@ -33,7 +55,8 @@ class PyTask final : public core::Task {
       core::WorkerThread* worker, PipelinePtr pipeline, py::object fn, py::tuple args,
       py::dict kwargs, py::object future, std::shared_ptr<TaskSync> sync,
       std::unique_ptr<tracking::TaskPins> hold)
-      : worker_(worker),
+      : description_(describe_task(*pipeline, fn)),
+        worker_(worker),
         pipeline_(std::move(pipeline)),
         fn_(fn.release().ptr()),
         args_(args.release().ptr()),
@@ -76,6 +99,8 @@ class PyTask final : public core::Task {
     sync_->mark_done();
     pipeline_.reset();  // may be the last reference: the slot is released
   }
+
+  std::string describe() const override { return description_; }
 
   void cancel(const std::string& reason) noexcept override {
     if (python_exiting()) {
@@ -157,6 +182,7 @@ class PyTask final : public core::Task {
     sync_->mark_done();
   }
 
+  const std::string description_;  // for error messages (core::Task::describe)
   core::WorkerThread* const worker_;  // the worker this task is queued on
   PipelinePtr pipeline_;
   PyObject* fn_;
@@ -203,7 +229,9 @@ py::object submit(const PipelinePtr& p, py::object fn, py::tuple args, py::kwarg
 
   auto task = std::make_unique<PyTask>(
       &worker, p, std::move(fn), std::move(args), std::move(kwargs), future, sync, std::move(hold));
-  p->note_task(worker.submit(std::move(task)));
+  const uint64_t seq = worker.submit(std::move(task));
+  sync->set_seq(seq);
+  p->note_task(seq);
   return future;
 }
 

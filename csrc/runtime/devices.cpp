@@ -7,6 +7,9 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
+#include <cctype>
+#include <limits>
+#include <string>
 
 namespace torch_pipeline {
 namespace {
@@ -96,6 +99,51 @@ c10::Device check_stream_device(const c10::Device& device) {
       c10::DeviceTypeName(type, true), "' device(s) (indices 0..",
       static_cast<int>(count) - 1, ")");
   return resolved;
+}
+
+namespace {
+
+std::string devices_that_exist(c10::DeviceType type) {
+  const int count = device_count(type);
+  const std::string name = c10::DeviceTypeName(type, /*lower_case=*/true);
+  if (count == 0) {
+    return "no '" + name + "' device is available in this process";
+  }
+  return "this process sees " + std::to_string(count) + " '" + name + "' device(s) (indices 0.." +
+         std::to_string(count - 1) + ")";
+}
+
+}  // namespace
+
+void check_device_index(c10::DeviceType type, long long index) {
+  TORCH_CHECK_VALUE(
+      index >= 0 && index < device_count(type), "device index ", index, " does not exist: ",
+      devices_that_exist(type));
+}
+
+void check_device_string(const std::string& text) {
+  const auto colon = text.find(':');
+  const std::string type_name = text.substr(0, colon);
+  TORCH_CHECK_VALUE(
+      type_name != "sim" || c10::get_privateuse1_backend() == "sim", "device '", text,
+      "': the sim device is not enabled in this process; call "
+      "torch_pipeline.sim.enable(num_devices) first");
+  if (colon == std::string::npos || colon + 1 >= text.size()) {
+    return;
+  }
+  long long index = 0;
+  for (size_t i = colon + 1; i < text.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(text[i]))) {
+      return;  // not a plain index: torch's parser says what is wrong
+    }
+    index = std::min<long long>(index * 10 + (text[i] - '0'), 1LL << 40);  // no overflow
+  }
+  if (index <= std::numeric_limits<c10::DeviceIndex>::max()) {
+    return;  // torch parses it exactly; the range is checked where the device is used
+  }
+  const c10::DeviceType type = c10::Device(type_name).type();
+  TORCH_CHECK_VALUE(
+      false, "device '", text, "' does not exist: ", devices_that_exist(type));
 }
 
 std::vector<c10::Device> initialized_accelerator_devices() {

@@ -6,6 +6,7 @@
 #include <c10/core/DeviceType.h>
 
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace torch_pipeline {
@@ -29,6 +30,17 @@ bool device_initialized(const c10::Device& device);
 // type with a registered guard and an index in [0, device_count). Returns the device with its
 // index filled in (current device when the index is unset).
 c10::Device check_stream_device(const c10::Device& device);
+
+// ValueError unless `index`, an explicit device index of `type` as the user gave it (before c10
+// narrows it to 8 bits, which wraps 257 to 1), is in [0, device_count(type)); the message names
+// the devices that exist.
+void check_device_index(c10::DeviceType type, long long index);
+
+// Checks a device string ("sim:1", "cuda", "cpu") for what torch's parser gets silently wrong or
+// reports without a hint: an index too large for a device index (it wraps: "sim:1023" would be
+// the current device), and "sim" before torch_pipeline.sim.enable(). ValueError for those; other
+// strings are left to torch.
+void check_device_string(const std::string& text);
 
 // The accelerator devices already initialized in this process (see device_initialized).
 std::vector<c10::Device> initialized_accelerator_devices();

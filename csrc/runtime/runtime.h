@@ -46,6 +46,8 @@ class Runtime {
   std::vector<core::WorkerThread*> workers();
 
   PipelinePtr create_pipeline(int worker_id, int priority);
+  // The worker pool (created on first use; freezes the cap).
+  core::WorkerPool& pool();
 
   // The communication stream of (worker thread, device), created on first use (see comm.h).
   // `device` must be checked by the caller (check_stream_device).
@@ -61,7 +63,6 @@ class Runtime {
  private:
   explicit Runtime(uint64_t generation);
   friend void start_new_generation();
-  core::WorkerPool& pool();
 
   const uint64_t generation_;
   std::mutex mutex_;

@@ -38,6 +38,9 @@ class TaskSync {
   // The runtime generation the task was submitted in (see Runtime::current_generation).
   uint64_t generation() const { return generation_; }
   int worker_id() const { return worker_id_; }
+  // The task's number on its worker thread (WorkerThread::submit), 0 until set after the submit.
+  void set_seq(uint64_t seq) { seq_.store(seq, std::memory_order_release); }
+  uint64_t seq() const { return seq_.load(std::memory_order_acquire); }
 
   bool done() const;
   // Waits until done or timeout; returns done(). Tasks are often short: it first polls for up to
@@ -53,6 +56,7 @@ class TaskSync {
   std::atomic<bool> done_{false};
   const uint64_t generation_;
   const int worker_id_;
+  std::atomic<uint64_t> seq_{0};
   struct Recorded {
     c10::Device device;
     c10::Event event;

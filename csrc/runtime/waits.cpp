@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <mutex>
+#include <optional>
 
 namespace torch_pipeline {
 namespace {
@@ -22,6 +23,22 @@ BlockHook* g_hook = nullptr;  // set once, leaked
 // Wait step for the tasks of `w` up to `seq`.
 WaitStep tasks_done_step(core::WorkerThread& w, uint64_t seq) {
   return [&w, seq](std::chrono::milliseconds timeout) { return w.wait_until_done(seq, timeout); };
+}
+
+// Inside a task: registers its wait for task `seq` of worker `target` until the result is
+// destroyed; RuntimeError, naming the tasks, when the wait would close a cycle of waits across
+// worker threads (it could never end). Outside tasks (or seq 0): nothing.
+std::optional<core::WorkerPool::WaitGuard> register_task_wait(int target, uint64_t seq) {
+  const int self = core::WorkerThread::current_id();
+  if (self < 0 || seq == 0) {
+    return std::nullopt;
+  }
+  try {
+    return Runtime::get().pool().begin_wait(self, target, seq);
+  } catch (const core::WaitCycleError& e) {
+    TORCH_CHECK(false, e.what());
+  }
+  return std::nullopt;  // not reached
 }
 
 void synchronize_streams(const DeviceStreams& streams) {
@@ -63,6 +80,7 @@ void wait_task(const TaskSync& sync) {
         ") would wait forever: a worker thread runs its tasks one at a time, in order. Submit the "
         "inner task to a pipeline of another worker thread, or return its future instead of "
         "waiting for it");
+    const auto registered = register_task_wait(sync.worker_id(), sync.seq());
     block_until([&](std::chrono::milliseconds timeout) {
       TORCH_CHECK(
           sync.generation() == Runtime::current_generation(),
@@ -86,6 +104,7 @@ void wait_pipeline_tasks(const PipelineImpl& p) {
   if (seq == 0 || core::WorkerThread::current_id() == p.worker_id()) {
     return;
   }
+  const auto registered = register_task_wait(p.worker_id(), seq);
   block_until(tasks_done_step(Runtime::get().worker(p.worker_id()), seq));
 }
 

@@ -63,6 +63,12 @@ BAD_INPUTS: list[BadInput] = [
              r"priority must be in \[-1024, 1024\]"),
     BadInput("Pipeline(priority=-10**30)", lambda p: tp.Pipeline(priority=-(10**30)), ValueError,
              r"priority must be in \[-1024, 1024\]"),
+    # priority is keyword-only: say so, not pybind's "incompatible constructor arguments"
+    BadInput("Pipeline(1, 0)", lambda p: tp.Pipeline(1, 0), TypeError,
+             r"Pipeline\(worker_thread=None, \*, priority=0\) takes at most one positional "
+             r"argument.*got 2; pass priority by keyword"),
+    BadInput("Pipeline(prio=1)", lambda p: tp.Pipeline(prio=1), TypeError,
+             r"got an unexpected keyword argument 'prio'"),
     # worker threads and the cap
     BadInput("get_worker_thread(cap)", lambda p: tp.get_worker_thread(_cap()), ValueError,
              r"worker thread id \d+ is out of range: the cap is \d+ worker threads \(ids 0\.\.\d+\)"),
@@ -97,6 +103,28 @@ BAD_INPUTS: list[BadInput] = [
              r"pipelined expects a torch_pipeline\.Pipeline, None, or a function.*got int"),
     BadInput("pipeline(None)(3)", lambda p: tp.pipeline(None)(3), TypeError,
              r"decorator needs a callable, got (an object of type )?int"),
+    # bare @pipelined is for methods (self.pipeline): a function without self is refused at once
+    BadInput("pipelined(lambda: 0)", lambda p: tp.pipelined(lambda: 0), TypeError,
+             r"bare @torch_pipeline\.pipelined runs a method under self\.pipeline.*takes no self.*"
+             r"@torch_pipeline\.pipelined\(p\)"),
+    BadInput("pipelined(lambda *, k: 0)", lambda p: tp.pipelined(lambda *, k: 0), TypeError,
+             r"takes no self argument"),
+    # flags take bools only
+    BadInput("PipelineEvent(enable_timing=2.0)", lambda p: tp.PipelineEvent(enable_timing=2.0),
+             TypeError, r"enable_timing must be True or False, got an object of type float"),
+    BadInput("PipelineEvent(enable_timing=None)", lambda p: tp.PipelineEvent(enable_timing=None),
+             TypeError, r"enable_timing must be True or False, got an object of type NoneType"),
+    BadInput("PipelineEvent(enable_timing=1)", lambda p: tp.PipelineEvent(enable_timing=1),
+             TypeError, r"enable_timing must be True or False, got an object of type int"),
+    # comm_stream checks its worker thread also on the CPU, where it returns None
+    BadInput("comm_stream(worker_thread=99)", lambda p: tp.comm_stream(worker_thread=99),
+             ValueError, r"worker thread id 99 is out of range: the cap is \d+"),
+    BadInput("comm_stream(worker_thread='x')", lambda p: tp.comm_stream(worker_thread="x"),
+             TypeError, WORKER_TYPE + "str"),
+    BadInput("comm_stream(worker_thread=True)", lambda p: tp.comm_stream(worker_thread=True),
+             TypeError, WORKER_TYPE + "bool"),
+    BadInput("comm_stream(worker_thread=-1)", lambda p: tp.comm_stream(worker_thread=-1),
+             ValueError, r"worker thread id -1 is out of range"),
     # Pipeline methods
     BadInput("submit(3)", lambda p: p.submit(3), TypeError,
              r"submit\(\) expects a callable as its first argument, got an object of type int"),
@@ -128,6 +156,12 @@ if _cuda_device_count() < 8:  # cuda:7 does not exist
 BAD_INPUTS.append(
     BadInput("stream('meta')", lambda p: p.stream("meta"), ValueError,
              r"device meta is not an accelerator")
+)
+# "sim" before torch_pipeline.sim.enable(): a hint, not torch's list of device types (sim tests
+# run in child processes, so it is never enabled here)
+BAD_INPUTS.append(
+    BadInput("stream('sim:3') before sim.enable()", lambda p: p.stream("sim:3"), ValueError,
+             r"device 'sim:3': the sim device is not enabled.*torch_pipeline\.sim\.enable")
 )
 if not torch.cuda.is_available():
     BAD_INPUTS.append(
