@@ -150,8 +150,9 @@ def test_prefetch_equals_the_synchronous_loop() -> None:
 
 def test_prefetch_with_a_dataloader_len_break_and_errors() -> None:
     data = torch.utils.data.TensorDataset(torch.randn(40, 8), torch.arange(40))
-    for pin in (False, True):
-        loader = torch.utils.data.DataLoader(data, batch_size=8, pin_memory=pin)
+    for pin, workers in ((False, 0), (True, 0), (True, 2)):
+        loader = torch.utils.data.DataLoader(data, batch_size=8, pin_memory=pin,
+                                             num_workers=workers)
         pf = tp.prefetch(loader, "sim:0")
         assert len(pf) == 5
         got = [x.sum().item() + y.sum().item() for x, y in pf]
