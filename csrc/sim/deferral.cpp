@@ -3,6 +3,7 @@
 #include "aliases.h"
 #include "allocator.h"
 #include "executor.h"
+#include "meta_plan.h"
 #include "ops.h"
 #include "state.h"
 
@@ -13,6 +14,7 @@
 #include <c10/core/Allocator.h>
 
 #include <algorithm>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -34,57 +36,15 @@ bool draws_random_numbers(const c10::FunctionSchema& schema, const OpFacts& fact
   return facts.name == "aten::native_dropout";
 }
 
-// Meta twins of sim tensors: tensors of one sim storage share one meta storage.
-class MetaMap {
- public:
-  at::Tensor meta(const at::Tensor& t) {
-    c10::StorageImpl* sim = t.storage().unsafeGetStorageImpl();
-    auto it = storages_.find(sim);
-    if (it == storages_.end()) {
-      c10::Storage storage(c10::make_intrusive<c10::StorageImpl>(
-          c10::StorageImpl::use_byte_size_t(), static_cast<int64_t>(t.storage().nbytes()),
-          c10::DataPtr(nullptr, c10::Device(c10::kMeta)), c10::GetAllocator(c10::kMeta),
-          /*resizable=*/true));
-      it = storages_.emplace(sim, std::move(storage)).first;
-    }
-    auto impl = c10::make_intrusive<c10::TensorImpl>(
-        c10::Storage(it->second), c10::DispatchKeySet(c10::DispatchKey::Meta), t.dtype());
-    impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-    copy_math_bits(t, impl.get());
-    return at::Tensor(std::move(impl));
-  }
-
-  bool owns(const at::Tensor& m) const {
-    if (!m.has_storage()) return false;
-    const c10::StorageImpl* s = m.storage().unsafeGetStorageImpl();
-    return std::any_of(storages_.begin(), storages_.end(),
-                       [&](const auto& e) { return e.second.unsafeGetStorageImpl() == s; });
-  }
-
- private:
-  std::unordered_map<const c10::StorageImpl*, c10::Storage> storages_;
-};
-
-size_t nbytes_of(const at::Tensor& t) {
-  return t.defined() ? static_cast<size_t>(t.numel()) * t.element_size() : 0;
-}
-
-bool same_layout(const at::Tensor& a, const at::Tensor& b) {
-  return a.sizes() == b.sizes() && a.strides() == b.strides() &&
-         a.storage_offset() == b.storage_offset();
-}
-
-struct Argument {  // a sim tensor argument
-  at::Tensor sim;
-  at::Tensor meta;
-  bool write;
-};
-
 struct Output {  // a new result: where it is on the CPU stack, and its sim tensor's CPU alias
   size_t ret;
   int64_t elem;  // -1: the return itself; else the index in a returned list
   at::Tensor cpu;
 };
+
+size_t nbytes_of(const at::Tensor& t) {
+  return t.defined() ? static_cast<size_t>(t.numel()) * t.element_size() : 0;
+}
 
 }  // namespace
 
@@ -96,87 +56,40 @@ bool try_defer(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Op
   }
   const size_t nargs = schema.arguments().size();
   const size_t first = stack->size() - nargs;
-  MetaMap metas;
   std::vector<Argument> sims;
-  torch::jit::Stack meta_stack;
-  meta_stack.reserve(nargs);
+  CallKey key(facts.full_name);
+  bool cacheable = true;
   bool deferrable = true;
-  // A tensor argument's meta twin; CPU tensors may only be scalars (read at launch, as CUDA does).
-  auto to_meta = [&](const at::Tensor& x, bool write) -> at::Tensor {
+  auto note = [&](const at::Tensor& x, bool write) {
     if (is_sim(x)) {
-      at::Tensor m = metas.meta(x);
-      sims.push_back(Argument{x, m, write});
-      return m;
+      sims.push_back(Argument{x, write});
+    } else if (x.defined() && x.dim() != 0) {
+      deferrable = false;  // CPU tensors may only be scalars (read at launch, as CUDA does)
     }
-    if (x.defined() && x.dim() != 0) {
-      deferrable = false;
-    }
-    return x;
   };
-  for (size_t i = 0; i < nargs && deferrable; ++i) {
+  for (size_t i = 0; i < nargs; ++i) {
     const bool w = facts.write[i] != 0;
     const c10::IValue& v = (*stack)[first + i];
     if (v.isTensor()) {
-      meta_stack.emplace_back(to_meta(v.toTensor(), w));
+      note(v.toTensor(), w);
     } else if (v.isTensorList()) {
-      c10::List<at::Tensor> list;
-      for (const at::Tensor& x : v.toTensorList().vec()) list.push_back(to_meta(x, w));
-      meta_stack.emplace_back(std::move(list));
+      for (const at::Tensor& x : v.toTensorList().vec()) note(x, w);
     } else if (v.isOptionalTensorList()) {
-      c10::List<std::optional<at::Tensor>> list;
-      for (const std::optional<at::Tensor>& x : v.toOptionalTensorList().vec()) {
-        list.push_back(x.has_value() ? std::optional<at::Tensor>(to_meta(*x, w)) : x);
+      for (const auto& x : v.toOptionalTensorList().vec()) {
+        if (x.has_value()) note(*x, w);
       }
-      meta_stack.emplace_back(std::move(list));
-    } else if (v.isDevice() && v.toDevice().type() == kSim) {
-      meta_stack.emplace_back(c10::Device(c10::kMeta));
     } else if (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList()) {
       deferrable = false;  // nested tensors (c10d) and other lists: not worth guessing
-    } else {
-      meta_stack.push_back(v);
     }
+    if (cacheable) cacheable = key.add(v, schema.arguments()[i].type());
   }
   if (!deferrable || sims.empty()) {
     return false;
   }
-  try {
-    runner(op, &meta_stack, c10::DispatchKeySet(c10::DispatchKey::Meta));
-  } catch (...) {
-    return false;  // no meta kernel, data-dependent sizes, or an error the CPU kernel reports
-  }
-  // Written arguments keep their layout; results are written arguments or new tensors.
-  for (const Argument& a : sims) {
-    if (a.write && (!same_layout(a.sim, a.meta) ||
-                    a.meta.storage().nbytes() != a.sim.storage().nbytes())) {
-      return false;  // resized or re-pointed: run now
-    }
-  }
-  enum class Kind { kNone, kArgument, kNew };
-  auto classify = [&](const c10::IValue& v, const at::Tensor** sim) -> std::optional<Kind> {
-    if (v.isNone()) return Kind::kNone;
-    if (!v.isTensor()) return std::nullopt;
-    const at::Tensor& m = v.toTensor();
-    if (!m.defined()) return Kind::kNone;
-    for (const Argument& a : sims) {
-      if (a.meta.unsafeGetTensorImpl() == m.unsafeGetTensorImpl()) {
-        *sim = &a.sim;
-        return Kind::kArgument;
-      }
-    }
-    if (!m.is_meta() || metas.owns(m) || m.storage_offset() != 0 || m.is_conj() || m.is_neg()) {
-      return std::nullopt;  // a view of an input, or something unusual
-    }
-    return Kind::kNew;
-  };
-  for (const c10::IValue& v : meta_stack) {
-    const at::Tensor* unused = nullptr;
-    if (v.isTensorList()) {
-      for (const at::Tensor& m : v.toTensorList().vec()) {
-        if (!classify(c10::IValue(m), &unused).has_value()) return false;
-      }
-    } else if (!classify(v, &unused).has_value()) {
-      return false;
-    }
+  const std::shared_ptr<const Plan> plan =
+      plan_for(op, *stack, first, sims, runner, cacheable ? &key : nullptr);
+  if (!plan->deferrable) {
+    return false;
   }
 
   // Deferred from here on: record the accesses (strict mode raises here, before any allocation).
@@ -193,7 +106,10 @@ bool try_defer(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Op
   cpu_stack.reserve(nargs);
   auto to_cpu = [&](const at::Tensor& x) -> at::Tensor {
     if (is_sim(x)) return aliases.alias(x);
-    return x.defined() ? x.clone() : x;  // a CPU scalar: its value now
+    if (!x.defined()) return x;
+    at::Tensor copy = x.clone();  // a CPU scalar: its value now
+    copy.unsafeGetTensorImpl()->set_wrapped_number(x.unsafeGetTensorImpl()->is_wrapped_number());
+    return copy;
   };
   for (size_t i = 0; i < nargs; ++i) {
     const c10::IValue& v = (*stack)[first + i];
@@ -223,29 +139,28 @@ bool try_defer(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Op
   torch::jit::Stack results;
   {
     DeferReuseReports defer(&reused);
-    auto make = [&](const at::Tensor& m, size_t ret, int64_t elem) -> at::Tensor {
-      const at::Tensor* sim = nullptr;
-      const Kind kind = *classify(c10::IValue(m), &sim);
-      if (kind == Kind::kNone) return at::Tensor();
-      if (kind == Kind::kArgument) return *sim;
+    auto make = [&](const Result& r, size_t ret, int64_t elem) -> at::Tensor {
+      if (r.kind == Result::kNone) return at::Tensor();
+      if (r.kind == Result::kArgument) return sims[r.argument].sim;
       at::Tensor out = at::detail::empty_strided_generic(
-          m.sizes(), m.strides(), device_allocator(), kSimKeys, m.scalar_type());
+          r.sizes, r.strides, device_allocator(), kSimKeys, r.dtype);
       add_accesses(out, /*write=*/true, created);
       bytes += nbytes_of(out);
       outputs.push_back(Output{ret, elem, aliases.alias(out)});
       return out;
     };
-    for (size_t r = 0; r < meta_stack.size(); ++r) {
-      const c10::IValue& v = meta_stack[r];
-      if (v.isTensorList()) {
-        c10::List<at::Tensor> list;
-        const auto ms = v.toTensorList().vec();
-        for (size_t j = 0; j < ms.size(); ++j) list.push_back(make(ms[j], r, static_cast<int64_t>(j)));
-        results.emplace_back(std::move(list));
-      } else if (v.isNone()) {
-        results.push_back(v);
+    for (size_t r = 0; r < plan->returns.size(); ++r) {
+      const auto& list = plan->lists[r];
+      if (plan->returns[r].has_value()) {
+        c10::List<at::Tensor> tensors;
+        for (size_t j = 0; j < list.size(); ++j) {
+          tensors.push_back(make(list[j], r, static_cast<int64_t>(j)));
+        }
+        results.emplace_back(std::move(tensors));
+      } else if (list.front().kind == Result::kNone) {
+        results.emplace_back();
       } else {
-        results.emplace_back(make(v.toTensor(), r, -1));
+        results.emplace_back(make(list.front(), r, -1));
       }
     }
   }

@@ -300,6 +300,35 @@ def test_a_tracked_training_step_equals_the_synchronous_run() -> None:
     assert sim.races() == []
 
 
+def test_queued_results_have_the_layout_and_values_of_the_synchronous_run() -> None:
+    """The output metadata of queued ops is cached per call key: calls that differ only in an int
+    argument, a Scalar's type, strides or dtype get their own layouts."""
+    a = torch.arange(12, device="sim:0").reshape(3, 4)
+    f = a.float()
+    cases = [
+        lambda: a.sum(0), lambda: a.sum(1), lambda: a + 1, lambda: a + 0.5, lambda: a * True,
+        lambda: f.t() * 2, lambda: f * 2, lambda: f.t().contiguous(), lambda: f.half() + 1,
+        lambda: torch.cat([a, a], 0), lambda: torch.cat([a, a], 1), lambda: f.mean([0, 1]),
+        lambda: a.repeat(2, 1), lambda: a.repeat(1, 3), lambda: f.view(4, 3) @ f,
+        lambda: torch.stack([f, f * 2]).max(0),
+        lambda: (lambda g: g[:, :2].add_(g[:, 2:]))(f.clone()),
+        lambda: f.narrow_copy(1, 0, 2), lambda: f.narrow_copy(1, 1, 3),
+        lambda: torch.nn.functional.pad(f, (1, 1)), lambda: torch.nn.functional.pad(f, (2, 0, 1, 0)),
+    ]
+    def run() -> List["torch.Tensor"]:
+        out = []
+        for case in cases * 2:   # the second round uses the cached plans
+            r = case()
+            out.extend(r if isinstance(r, tuple) else (r,))
+        return out
+
+    async_results = run()
+    reference = synchronous(run)
+    for i, (x, r) in enumerate(zip(async_results, reference)):
+        assert (x.dtype, x.shape, x.stride()) == (r.dtype, r.shape, r.stride()), i
+        assert torch.equal(x.cpu(), r.cpu()), i
+
+
 # ---- kernels that cannot be queued, kernel errors -------------------------------------------------
 def test_ops_whose_output_size_depends_on_the_data_wait_for_the_stream() -> None:
     x = torch.arange(8.0, device="sim:0")
