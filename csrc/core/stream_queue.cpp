@@ -37,15 +37,17 @@ uint64_t StreamQueue::enqueue_wait(StreamQueue& other, uint64_t seq) {
   if (&other == this || other.reached(seq)) {
     return enqueued();  // ordered already (FIFO) or complete: nothing to wait for
   }
-  return enqueue([&other, seq] { other.wait(seq); });
+  return enqueue([&other, seq] { other.wait(seq, /*collect=*/false); });
 }
 
-void StreamQueue::wait(uint64_t seq) {
+void StreamQueue::wait(uint64_t seq, bool collect) {
   {
     std::unique_lock<std::mutex> lock(mutex_);
     done_cv_.wait(lock, [&] { return completed_.load(std::memory_order_acquire) >= seq; });
   }
-  destroy_finished();
+  if (collect) {
+    destroy_finished();
+  }
 }
 
 void StreamQueue::shutdown() {

@@ -56,8 +56,9 @@ class StreamQueue {
   uint64_t enqueued() const { return enqueued_.load(std::memory_order_acquire); }
   uint64_t completed() const { return completed_.load(std::memory_order_acquire); }
   bool reached(uint64_t seq) const { return completed() >= seq; }
-  // Blocks the caller until completed() >= seq (seq <= enqueued()).
-  void wait(uint64_t seq);
+  // Blocks the caller until completed() >= seq (seq <= enqueued()); then, with `collect`,
+  // destroys the finished work (another queue's thread waiting in a wait entry does not).
+  void wait(uint64_t seq, bool collect = true);
   void drain() { wait(enqueued()); }
   // Runs what is queued, then stops and joins the thread.
   void shutdown();

@@ -124,8 +124,12 @@ TEST(StreamQueue, FinishedWorkIsDestroyedByACallerNotTheQueueThread) {
   };
   {
     auto probe = std::make_shared<Probe>(Probe{&destroyed_on_queue_thread, caller});
-    q.enqueue([p = std::move(probe)] {});
+    q.enqueue([p = std::move(probe)] {}, 20ms);
   }
+  // Another queue waiting for q (an event wait) does not destroy q's finished work either.
+  StreamQueue other;
+  other.wait(other.enqueue_wait(q, q.enqueued()));
+  std::this_thread::sleep_for(10ms);
   q.drain();
   q.shutdown();
   EXPECT_FALSE(destroyed_on_queue_thread);
