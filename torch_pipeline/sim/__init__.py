@@ -24,6 +24,17 @@ checked on the host side too: until the host synchronizes with the copy's stream
 reads the result of a non_blocking copy to the host, or overwrites the source of one from the
 host, is reported as a race of the ``"host"`` timeline (recorded, not raised in strict mode).
 
+By default kernels run when their op is called (the sim models ordering, not time). In
+asynchronous mode (``enable(..., asynchronous=True)``, :func:`set_asynchronous`) each stream has a
+queue run by a thread of its own, and a latency model (:func:`set_latency`) makes kernels take
+time, so a missing wait gives wrong values, as on a GPU::
+
+    sim.set_asynchronous(True)
+    sim.set_latency(op="aten::mul.out", us=20_000)   # x * 2 takes 20 ms on its stream
+    y = x * 2                                        # returns at once
+    with s:
+        z = y + 1                                    # no wait: reads y before it is written
+
 Once enabled, ``sim`` is ``torch.accelerator``'s device for the rest of the process (PyTorch
 allows one PrivateUse1 backend per process, renamed once), so enable it only where wanted: in a
 test process, or before any code that picks "the accelerator". Enable it before the first
