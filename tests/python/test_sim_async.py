@@ -215,6 +215,30 @@ def test_cpu_read_of_a_pending_non_blocking_copy() -> None:
         assert any(r.later_op.endswith("(host)") for r in sim.races()), sim.races()
 
 
+def test_non_blocking_copies_from_the_host() -> None:
+    """From pageable memory the source is staged when the copy is issued (the host may reuse it
+    at once); from pinned memory the copy reads it when it runs, so an untracked host write
+    before then changes what arrives, and a tracked one waits for the copy."""
+    slow("aten::copy_ (cpu -> sim:0) non_blocking")
+    pageable = torch.ones(N)
+    y = pageable.to("sim:0", non_blocking=True)
+    pageable.fill_(5.0)
+    assert torch.equal(y.cpu(), torch.full((N,), 1.0))
+    p = tp.Pipeline()
+
+    def program() -> "torch.Tensor":
+        pinned = torch.ones(N).pin_memory()
+        with tp.pipeline(p):
+            back = pinned.to("sim:0", non_blocking=True)   # reads pinned on p's stream, late
+        pinned.fill_(2.0)                                  # a CPU write while the copy is queued
+        torch.accelerator.synchronize()
+        return back
+
+    assert torch.equal(program().cpu(), torch.full((N,), 1.0))
+    with untracked():
+        assert torch.equal(program().cpu(), torch.full((N,), 2.0))
+
+
 @pytest.mark.parametrize("safety", ["keep_alive", "record_stream"])
 def test_memory_freed_after_a_cross_stream_use(safety: str) -> None:
     p = tp.Pipeline()
