@@ -1,6 +1,8 @@
 #include "sim_bindings.h"
 
 #include "../runtime/op_facts.h"
+#include "../sim/executor.h"
+#include "../sim/latency.h"
 #include "../sim/sim.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -144,7 +146,10 @@ streams and the memory.
   m.def("_sim_clear_races", &sim::clear_races);
   m.def("_sim_set_strict", &sim::set_strict, py::arg("strict"));
   m.def("_sim_strict", &sim::strict);
-  m.def("_sim_synchronize", &sim::synchronize, py::arg("device"));
+  m.def("_sim_synchronize", [](int device) {
+    py::gil_scoped_release no_gil;  // asynchronous mode: waits for the streams' threads
+    sim::synchronize(device);
+  }, py::arg("device"));
   m.def("_sim_history_size", &sim::history_size);
   m.def("_sim_raw_kernel", &sim::raw_kernel, py::arg("name"), py::arg("reads"), py::arg("writes"));
   m.def("_sim_pending_host_accesses", &sim::pending_host_accesses);
@@ -154,6 +159,23 @@ streams and the memory.
   m.def("_sim_stream_label", &sim::stream_label, py::arg("stream"));
   m.def("_sim_op_facts", &op_facts_dict, py::arg("name"));
   m.def("_sim_op_facts_observed", &op_facts_observed, py::arg("fn"));
+  m.def("_sim_set_asynchronous", [](bool on) {
+    py::gil_scoped_release no_gil;  // switching off waits for the queues
+    sim::set_asynchronous(on);
+  }, py::arg("on"));
+  m.def("_sim_asynchronous", &sim::asynchronous);
+  m.def("_sim_shutdown_executors", [] {
+    py::gil_scoped_release no_gil;
+    sim::shutdown_executors();
+  });
+  m.def("_sim_running_executors", &sim::running_executors);
+  m.def("_sim_set_latency", &sim::set_latency, py::arg("launch_us"), py::arg("bandwidth_gbps"));
+  m.def("_sim_latency", [] {
+    const sim::LatencyModel l = sim::latency();
+    return std::make_pair(l.launch_us, l.bandwidth_gbps);
+  });
+  m.def("_sim_set_op_latency", &sim::set_op_latency, py::arg("op"), py::arg("us"));
+  m.def("_sim_clear_op_latencies", &sim::clear_op_latencies);
   m.def("_sim_op_lists", [] {
     py::dict d;
     d["no_data"] = no_data_ops();

@@ -1,5 +1,6 @@
 #include "allocator.h"
 
+#include "executor.h"
 #include "fork.h"
 #include "host.h"
 #include "state.h"
@@ -35,6 +36,9 @@ struct Block {
 struct Pending {
   Block* block;
   VectorClock completed;  // the recorded streams' clocks when the block was freed, joined
+  // Asynchronous mode: the uses' streams and their queue positions when the block was freed (the
+  // "events"); the block returns to its pool once every one is reached.
+  std::vector<std::pair<Timeline, uint64_t>> marks;
 };
 
 void free_block(void* ctx);
@@ -191,9 +195,10 @@ class SimAllocator final : public c10::DeviceAllocator {
       return;
     }
     // The "events" recorded on the uses' streams: their clocks now.
-    Pending pending{block, {}};
+    Pending pending{block, {}, {}};
     try {
       for (Timeline t : block->uses) {
+        pending.marks.emplace_back(t, stream_position(t));
         const VectorClock clock = State::get().checker().snapshot(t);
         if (pending.completed.size() < clock.size()) {
           pending.completed.resize(clock.size(), 0);
@@ -238,7 +243,10 @@ class SimAllocator final : public c10::DeviceAllocator {
     }
     auto& checker = State::get().checker();
     for (auto it = pending_.begin(); it != pending_.end();) {
-      if (it->block->device != d) {
+      const bool complete = std::all_of(it->marks.begin(), it->marks.end(), [](const auto& m) {
+        return stream_reached(m.first, m.second);
+      });
+      if (it->block->device != d || !complete) {
         ++it;
         continue;
       }

@@ -1,10 +1,13 @@
 // Copies between the sim device and the host or between sim devices (aten::copy_ sends them to
 // _copy_from), .item() (_local_scalar_dense) and record_stream: the sim device's kernels that
-// order streams with the host.
+// order streams with the host. In asynchronous mode (executor.h) a copy is queued on its stream:
+// a blocking copy to the host then waits for it, a non_blocking one with pinned memory completes
+// later, and a non_blocking one from pageable memory takes a snapshot of the source at once.
 #include "copy.h"
 
 #include "aliases.h"
 #include "allocator.h"
+#include "executor.h"
 #include "host.h"
 #include "state.h"
 
@@ -53,12 +56,15 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   const std::string name = copy_name(src, dst, non_blocking);
   std::optional<Timeline> sync;   // a blocking copy with the host: the host waits for it
   std::optional<Timeline> async;  // a non_blocking one with pinned memory: watched until then
+  Timeline run_on = kHost;        // the stream that moves the bytes
+  std::optional<Timeline> source_stream;  // across devices: the source device's stream
   if (src_sim && dst_sim) {
     const c10::DeviceIndex sd = check_device(src.device().index());
     const c10::DeviceIndex dd = check_device(dst.device().index());
     std::vector<Access> accesses = accesses_of(src, false);
     add_accesses(dst, true, accesses);
     const Timeline td = current_timeline(dd);
+    run_on = td;
     if (sd == dd) {
       record(td, name, accesses);
     } else {
@@ -67,6 +73,7 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
       checker.join_timeline(td, ts);
       record(td, name, accesses);
       checker.join_timeline(ts, td);
+      source_stream = ts;
     }
   } else {
     const at::Tensor& device_side = src_sim ? src : dst;
@@ -76,6 +83,7 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
       accesses.insert(accesses.end(), host_bytes.begin(), host_bytes.end());
     }
     record(t, name, accesses);
+    run_on = t;
     if (!non_blocking) {
       sync = t;
     } else if (pinned) {
@@ -85,9 +93,24 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   AliasMap map;
   at::Tensor s = src_sim ? map.alias(src) : src;
   at::Tensor d = dst_sim ? map.alias(dst) : dst;
-  d.copy_(s, non_blocking);
+  if (!src_sim && non_blocking && !pinned && asynchronous()) {
+    s = src.clone();  // pageable memory: staged now, as CUDA does, so the host may reuse it
+  }
+  const size_t bytes = static_cast<size_t>(dst.numel()) * dst.element_size();
+  if (source_stream.has_value()) {
+    stream_wait(run_on, *source_stream, stream_position(*source_stream));
+  }
+  // The closure holds the host tensor (so pinned memory outlives the copy, as CUDA's caching host
+  // allocator keeps it) and CPU aliases that do not own sim memory (freed blocks go back to the
+  // cache at once, as on CUDA).
+  launch(run_on, name, bytes, [s, d]() mutable { d.copy_(s); });
+  if (source_stream.has_value()) {
+    stream_wait(*source_stream, run_on, stream_position(run_on));
+  }
   if (sync.has_value()) {
     host_sync(*sync);
+  } else if (src_sim && !dst_sim && !pinned) {
+    host_wait(run_on);  // to pageable memory: the host waits for it even when non_blocking
   }
   if (async.has_value()) {
     watch_async_host_accesses(*async, host_bytes);

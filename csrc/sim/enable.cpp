@@ -1,5 +1,6 @@
 // enable(): registers the sim backend with c10, ATen and the dispatcher, once per process.
 #include "allocator.h"
+#include "executor.h"
 #include "fork.h"
 #include "kernels.h"
 #include "sim.h"
@@ -31,15 +32,24 @@ void before_fork() {
   State::get().lock_for_fork();
   lock_events_for_fork();
   State::get().checker().lock_for_fork();
+  lock_executors_for_fork();
+  lock_latency_for_fork();
 }
 
 void after_fork() {  // in the parent and in the child
+  unlock_latency_after_fork();
+  unlock_executors_after_fork();
   State::get().checker().unlock_after_fork();
   unlock_events_after_fork();
   State::get().unlock_after_fork();
   unlock_host_after_fork();
   unlock_allocators_after_fork();
   g_enable_mutex.unlock();
+}
+
+void after_fork_in_child() {
+  reset_executors_in_child();  // under the registry's lock, still held
+  after_fork();
 }
 
 struct SimHooks final : public at::PrivateUse1HooksInterface {
@@ -112,7 +122,7 @@ void register_fork_handlers() {
   static bool registered = false;  // under g_enable_mutex
   if (!registered) {
     registered = true;
-    pthread_atfork(&before_fork, &after_fork, &after_fork);
+    pthread_atfork(&before_fork, &after_fork, &after_fork_in_child);
   }
 }
 

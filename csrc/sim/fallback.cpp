@@ -10,11 +10,17 @@
 // the current stream of its device; in strict mode a race throws there, before any memory is
 // touched. The memory an op allocates (new results, out= arguments the kernel resized) is
 // recorded as written after the kernel. Views and other transparent ops record nothing.
+//
+// In asynchronous mode an op that touches data is queued on its stream where possible
+// (deferral.h); otherwise it waits for the stream and runs at once, as here.
 #include "fallback.h"
 
 #include "aliases.h"
 #include "allocator.h"
+#include "deferral.h"
+#include "executor.h"
 #include "host.h"
+#include "latency.h"
 #include "state.h"
 
 #include "../runtime/ivalue_tensors.h"
@@ -26,6 +32,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -33,11 +40,10 @@ namespace torch_pipeline {
 namespace sim {
 namespace {
 
-// Runs a CPU op on a stack of CPU aliases (default: the same op's CPU kernel).
-using Runner = void (*)(const c10::OperatorHandle& op, torch::jit::Stack* stack);
-
-void run_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+// Default runner (deferral.h): the same op's kernel of the stack's backend.
+void run_own_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                    c10::DispatchKeySet keys) {
+  op.redispatchBoxed(keys, stack);
 }
 
 class FallbackCall {
@@ -52,6 +58,12 @@ class FallbackCall {
     const c10::DeviceIndex device = find_device(first, nargs);
     DeviceScope scope(device);
     const Timeline t = current_timeline(device);
+    if (asynchronous() && !facts_.transparent) {
+      if (try_defer(op_, &stack_, facts_, runner_, t)) {
+        return;
+      }
+      host_wait(t, /*report=*/false);  // a syncing op: what the stream queued runs first
+    }
 
     std::vector<Access> reads_writes;
     replace_arguments(first, nargs, reads_writes);
@@ -64,7 +76,7 @@ class FallbackCall {
     std::vector<Access> created;  // results and resized out= arguments
     {
       DeferReuseReports defer(&reused);
-      runner_(op_, &stack_);
+      runner_(op_, &stack_, c10::DispatchKeySet(c10::DispatchKey::CPU));
       for (auto& w : written_) {
         sync_back(w, device, created);
       }
@@ -86,6 +98,14 @@ class FallbackCall {
       }
       if (!post.empty()) {
         record(t, facts_.full_name, post);
+      }
+      size_t bytes = 0;
+      for (const auto* list : {&reads_writes, &post}) {
+        for (const Access& a : *list) bytes += a.end - a.begin;
+      }
+      const auto time = modelled_time(facts_.full_name, bytes);
+      if (time.count() > 0) {
+        std::this_thread::sleep_for(time);  // the latency model, on the calling thread
       }
       if (facts_.syncs_host) {
         host_sync(t);
@@ -310,13 +330,14 @@ class FallbackCall {
 
 // Convolutions on backends other than CPU/CUDA go through convolution_overrideable and its
 // backward; on the CPU aliases, aten::convolution / convolution_backward do the work.
-void run_convolution(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+void run_convolution(const c10::OperatorHandle&, torch::jit::Stack* stack, c10::DispatchKeySet) {
   static const auto conv =
       c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution", "");
   conv.callBoxed(stack);
 }
 
-void run_convolution_backward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+void run_convolution_backward(const c10::OperatorHandle&, torch::jit::Stack* stack,
+                              c10::DispatchKeySet) {
   static const auto backward =
       c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution_backward", "");
   // (grad_output, input, weight, stride, padding, dilation, transposed, output_padding, groups,
@@ -335,7 +356,7 @@ void run_convolution_backward(const c10::OperatorHandle&, torch::jit::Stack* sta
 }  // namespace
 
 void sim_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  FallbackCall(op, stack, &run_cpu_kernel).run();
+  FallbackCall(op, stack, &run_own_kernel).run();
 }
 
 void convolution_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {

@@ -6,7 +6,9 @@
 // (a thread holding one may take later ones, never earlier ones):
 //   enable()'s lock (enable.cpp), the device allocator's, the pinned allocator's (allocator.cpp),
 //   the pending host accesses' (host.cpp), the streams' (State), the events' (guard.cpp), the race
-//   checker's (RaceChecker).
+//   checker's (RaceChecker), the stream queues' registry and asynchronous error (executor.cpp), the
+//   latency model's (latency.cpp). In the child, the parent's stream queues are dropped
+//   (executor.h).
 // The per-operator facts (csrc/runtime/op_facts.cpp) register their own handlers: their lock is
 // taken with no other held. Thread-local state is the forking thread's own and stays valid.
 #pragma once
@@ -23,6 +25,8 @@ void lock_host_for_fork();           // host.cpp
 void unlock_host_after_fork();
 void lock_events_for_fork();         // guard.cpp
 void unlock_events_after_fork();
+void lock_latency_for_fork();        // latency.cpp
+void unlock_latency_after_fork();
 
 }  // namespace sim
 }  // namespace torch_pipeline

@@ -1,12 +1,16 @@
 // Events and the DeviceGuardImpl of the sim device: c10's interface to its devices, streams and
-// events. An event is a snapshot of a stream's vector clock (race_checker.h).
+// events. An event is a snapshot of a stream's vector clock (race_checker.h) and, in asynchronous
+// mode, a marker queued on the stream (executor.h): it is complete once the stream ran it.
 #include "allocator.h"
+#include "executor.h"
 #include "fork.h"
 #include "state.h"
 
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <chrono>
+#include <memory>
 #include <mutex>
 #include <optional>
 
@@ -25,7 +29,10 @@ struct SimEvent {
     VectorClock clock;
     bool recorded = false;
     c10::DeviceIndex device = -1;
-    std::chrono::steady_clock::time_point time;
+    Timeline timeline = -1;
+    uint64_t position = 0;  // the marker's position in the stream's queue (0: synchronous)
+    // When the marker ran (steady clock, ns): the device time of the event.
+    std::shared_ptr<std::atomic<int64_t>> time_ns;
   };
 
   explicit SimEvent(bool timing) : timing(timing) {}
@@ -40,14 +47,6 @@ struct SimEvent {
     state = std::move(r);
   }
 
-  // The clock to wait for, if recorded.
-  std::optional<VectorClock> clock() const {
-    std::lock_guard<std::mutex> lock(g_events_mutex);
-    if (!state.recorded) {
-      return std::nullopt;
-    }
-    return state.clock;
-  }
 
   const bool timing;
 
@@ -125,25 +124,40 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
       *event = e;
     }
     SimEvent::Recorded r;
+    r.time_ns = std::make_shared<std::atomic<int64_t>>(0);
+    r.position = launch_marker(t, [time = r.time_ns] {
+      time->store(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now().time_since_epoch())
+                      .count());
+    });
     r.clock = State::get().checker().snapshot(t);
     r.recorded = true;
     r.device = stream.device_index();
-    r.time = std::chrono::steady_clock::now();
+    r.timeline = t;
     e->set(std::move(r));
   }
 
   void block(void* event, const c10::Stream& stream) const override {
     const Timeline t = State::get().timeline(stream);
     auto* e = static_cast<SimEvent*>(event);
-    const auto clock = e != nullptr ? e->clock() : std::nullopt;
-    if (!clock.has_value()) {
+    const SimEvent::Recorded r = e != nullptr ? e->get() : SimEvent::Recorded{};
+    if (!r.recorded) {
       return;  // never recorded: nothing to wait for
     }
-    State::get().checker().join(t, *clock);
+    State::get().checker().join(t, r.clock);
+    stream_wait(t, r.timeline, r.position);
   }
 
   bool queryEvent(void* event) const override {
-    synchronizeEvent(event);  // eager execution: a recorded event is complete
+    auto* e = static_cast<SimEvent*>(event);
+    const SimEvent::Recorded r = e != nullptr ? e->get() : SimEvent::Recorded{};
+    if (!r.recorded) {
+      return true;
+    }
+    if (!stream_reached(r.timeline, r.position)) {
+      return false;  // asynchronous mode: the stream has not run the marker yet
+    }
+    host_join(r.clock);
     return true;
   }
 
@@ -152,7 +166,11 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   bool queryStream(const c10::Stream& stream) const override {
-    synchronizeStream(stream);
+    const Timeline t = State::get().timeline(stream);
+    if (!stream_reached(t, stream_position(t))) {
+      return false;
+    }
+    host_sync(t);
     return true;
   }
 
@@ -162,9 +180,10 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   void synchronizeEvent(void* event) const override {
     auto* e = static_cast<SimEvent*>(event);
-    const auto clock = e != nullptr ? e->clock() : std::nullopt;
-    if (clock.has_value()) {
-      host_join(*clock);
+    const SimEvent::Recorded r = e != nullptr ? e->get() : SimEvent::Recorded{};
+    if (r.recorded) {
+      host_wait(r.timeline, r.position);
+      host_join(r.clock);
     }
   }
 
@@ -185,7 +204,9 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     TORCH_CHECK(
         a->timing && b->timing,
         "elapsed_time: both events must be created with argument 'enable_timing=True'");
-    return std::chrono::duration<double, std::milli>(rb.time - ra.time).count();
+    host_wait(ra.timeline, ra.position);  // device times: when the markers ran
+    host_wait(rb.timeline, rb.position);
+    return static_cast<double>(rb.time_ns->load() - ra.time_ns->load()) / 1e6;
   }
 };
 

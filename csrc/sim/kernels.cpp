@@ -6,6 +6,7 @@
 #include "aliases.h"
 #include "allocator.h"
 #include "copy.h"
+#include "executor.h"
 #include "fallback.h"
 #include "host.h"
 #include "state.h"
@@ -110,6 +111,9 @@ void record_reallocation(c10::StorageImpl* storage, size_t keep, const char* op,
   if (old != nullptr && keep > 0) {
     const auto begin = reinterpret_cast<uintptr_t>(old);
     record(t, op, {Access{begin, begin + keep, /*write=*/false, memory}});
+  }
+  if (old != nullptr && keep > 0) {
+    host_wait(t, /*report=*/false);  // asynchronous mode: the old bytes are final (a syncing op)
   }
   std::vector<Access> post;
   {

@@ -1,8 +1,9 @@
 // Devices and streams of the sim device, the thread-local current device and streams, and the op
-// recorder. Execution is eager: an op "on a stream" runs at once on the CPU; a stream is a race
-// checker timeline, and stream/event operations only move vector clocks (race_checker.h). Events
+// recorder. A stream is a race checker timeline, and stream/event operations move vector clocks
+// (race_checker.h); in asynchronous mode they also order the streams' queues (executor.h). Events
 // and the DeviceGuardImpl are in guard.cpp.
 #include "allocator.h"
+#include "executor.h"
 #include "host.h"
 #include "state.h"
 
@@ -188,6 +189,7 @@ void record(Timeline t, const std::string& op, const std::vector<Access>& access
 }
 
 void host_sync(Timeline t) {
+  host_wait(t);  // asynchronous mode: what t has queued runs first
   State::get().checker().join_timeline(kHost, t);
   prune_async_host_accesses();
 }

@@ -103,7 +103,8 @@ class DeviceScope {
 // An op on stream timeline `t` with these accesses; in strict mode a race throws (the op is
 // recorded first, so the history stays consistent).
 void record(Timeline t, const std::string& op, const std::vector<Access>& accesses);
-// The host waits for timeline `t` (stream synchronize, blocking copy to the host).
+// The host waits for timeline `t` (stream synchronize, blocking copy to the host): in asynchronous
+// mode until its queue ran what was queued, then a pending asynchronous error is raised.
 void host_sync(Timeline t);
 // The host waits for an event's position (event synchronize or a query reporting completion).
 void host_join(const VectorClock& clock);

@@ -24,6 +24,17 @@ checked on the host side too: until the host synchronizes with the copy's stream
 reads the result of a non_blocking copy to the host, or overwrites the source of one from the
 host, is reported as a race of the ``"host"`` timeline (recorded, not raised in strict mode).
 
+By default kernels run when their op is called (the sim models ordering, not time). In
+asynchronous mode (``enable(..., asynchronous=True)``, :func:`set_asynchronous`) each stream has a
+queue run by a thread of its own, and a latency model (:func:`set_latency`) makes kernels take
+time, so a missing wait gives wrong values, as on a GPU::
+
+    sim.set_asynchronous(True)
+    sim.set_latency(op="aten::mul.out", us=20_000)   # x * 2 takes 20 ms on its stream
+    y = x * 2                                        # returns at once
+    with s:
+        z = y + 1                                    # no wait: reads y before it is written
+
 Once enabled, ``sim`` is ``torch.accelerator``'s device for the rest of the process (PyTorch
 allows one PrivateUse1 backend per process, renamed once), so enable it only where wanted: in a
 test process, or before any code that picks "the accelerator". Enable it before the first
@@ -36,7 +47,7 @@ import atexit
 import os
 import sys
 import threading
-from typing import List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -45,16 +56,21 @@ from .. import _C
 __all__ = [
     "Race",
     "RaceError",
+    "clear_latency",
     "clear_races",
     "current_device",
     "current_stream",
     "device_count",
     "enable",
     "is_available",
+    "is_asynchronous",
     "is_enabled",
     "is_strict",
+    "latency",
     "races",
+    "set_asynchronous",
     "set_device",
+    "set_latency",
     "set_stream",
     "set_strict",
     "synchronize",
@@ -83,12 +99,13 @@ def _new_lock_in_child() -> None:
 os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
-def enable(num_devices: int = 2, strict: bool = False) -> None:
+def enable(num_devices: int = 2, strict: bool = False, asynchronous: bool = False) -> None:
     """Registers the sim device with PyTorch and makes ``num_devices`` devices.
 
-    Idempotent: a second call with the same ``num_devices`` only sets the strict flag; another
-    count is a ``ValueError`` (the count is fixed for the process). Raises ``RuntimeError`` when
-    the PrivateUse1 backend was already given to another backend in this process.
+    Idempotent: a second call with the same ``num_devices`` only sets the strict and asynchronous
+    flags; another count is a ``ValueError`` (the count is fixed for the process). Raises
+    ``RuntimeError`` when the PrivateUse1 backend was already given to another backend in this
+    process. ``asynchronous=True``: see :func:`set_asynchronous`.
 
         >>> import torch_pipeline.sim as sim
         >>> sim.enable(num_devices=2)
@@ -99,9 +116,12 @@ def enable(num_devices: int = 2, strict: bool = False) -> None:
         raise TypeError(f"num_devices must be an int, got {type(num_devices).__name__}")
     if not isinstance(strict, bool):
         raise TypeError(f"strict must be a bool, got {type(strict).__name__}")
+    if not isinstance(asynchronous, bool):
+        raise TypeError(f"asynchronous must be a bool, got {type(asynchronous).__name__}")
     with _lock:
         if _C._sim_enabled():
             _C._sim_enable(num_devices, strict)  # ValueError for another count
+            _C._sim_set_asynchronous(asynchronous)
             return
         name = torch._C._get_privateuse1_backend_name()
         if name not in ("privateuseone", _BACKEND):
@@ -119,7 +139,15 @@ def enable(num_devices: int = 2, strict: bool = False) -> None:
         if not hasattr(torch.Tensor, "is_" + _BACKEND):
             torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
         _C._refresh_accelerator()
-        atexit.register(_drain_autograd_device_threads)
+        _C._sim_set_asynchronous(asynchronous)
+        atexit.register(_at_exit)
+
+
+def _at_exit() -> None:
+    _drain_autograd_device_threads()
+    # The streams' threads finish what is queued and stop; from here on the device runs
+    # synchronously (tasks still running at exit may use it).
+    _C._sim_shutdown_executors()
 
 
 def _drain_autograd_device_threads() -> None:
@@ -139,6 +167,66 @@ def _drain_autograd_device_threads() -> None:
         _C._sim_set_strict(strict)
     except Exception:  # noqa: BLE001 - best effort at exit
         pass
+
+
+def set_asynchronous(asynchronous: bool) -> None:
+    """Asynchronous mode: each sim stream gets a queue that a thread of its own runs in order, and
+    ops return once their kernel is queued, as on a GPU. Events, stream and device synchronize,
+    ``.item()``, ``.cpu()`` and blocking copies to the host wait like CUDA's; ``non_blocking``
+    copies with pinned memory complete later; freed memory is reused at once by the caching
+    allocator. So a missing wait gives wrong values, not only a race report (the race checker works
+    as before). A kernel that raises on its stream is reported by the next synchronizing call
+    (``RuntimeError`` naming the op). Switching it off waits for every queue first.
+
+        >>> sim.set_asynchronous(True)
+        >>> sim.set_latency(launch_us=20)      # every kernel takes at least 20 us
+        >>> y = x * 2                          # returns at once; y is computed later
+        >>> y.sum().item()                     # waits for the stream
+    """
+    if not isinstance(asynchronous, bool):
+        raise TypeError(f"asynchronous must be a bool, got {type(asynchronous).__name__}")
+    _require_enabled()
+    _C._sim_set_asynchronous(asynchronous)
+
+
+def is_asynchronous() -> bool:
+    """Whether asynchronous mode is on."""
+    return bool(_C._sim_asynchronous())
+
+
+def set_latency(launch_us: Optional[float] = None, bandwidth_gbps: Optional[float] = None, *,
+                op: Optional[str] = None, us: Optional[float] = None) -> None:
+    """The latency model: a kernel touching ``bytes`` of device memory takes at least
+    ``launch_us + bytes / bandwidth_gbps`` (a bandwidth of 0 drops that term); both default to 0.
+    With ``op=`` (a full name as race reports show it, e.g. ``"aten::mul.Tensor"``), every kernel
+    of that op takes ``us`` microseconds instead (``us=None`` removes the override). In
+    asynchronous mode a stream's thread sleeps for the time and then runs the kernel, so its
+    results land at its end and streams overlap; in synchronous mode the calling thread sleeps
+    after the kernel. Arguments left ``None`` keep their value.
+
+        >>> sim.set_latency(launch_us=10, bandwidth_gbps=100)
+        >>> sim.set_latency(op="aten::mul.Tensor", us=20_000)   # a 20 ms producer, for a test
+    """
+    if op is not None:
+        if launch_us is not None or bandwidth_gbps is not None:
+            raise ValueError("set_latency: give either op= and us=, or launch_us/bandwidth_gbps")
+        _C._sim_set_op_latency(op, -1.0 if us is None else float(us))
+        return
+    if us is not None:
+        raise ValueError("set_latency: us= needs op= (the op whose kernels take that time)")
+    _C._sim_set_latency(None if launch_us is None else float(launch_us),
+                        None if bandwidth_gbps is None else float(bandwidth_gbps))
+
+
+def latency() -> Tuple[float, float]:
+    """``(launch_us, bandwidth_gbps)`` of the latency model (see :func:`set_latency`)."""
+    return tuple(_C._sim_latency())  # type: ignore[return-value]
+
+
+def clear_latency() -> None:
+    """Back to the default model: no launch latency, no bandwidth term, no per-op override."""
+    _C._sim_set_latency(0.0, 0.0)
+    _C._sim_clear_op_latencies()
 
 
 def is_enabled() -> bool:

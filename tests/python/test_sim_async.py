@@ -1,0 +1,449 @@
+"""The sim device's asynchronous mode and latency model (docs/design.md §5) on the sim device.
+
+Each stream runs its kernels on a thread of its own, a modelled time after they were queued, so a
+missing wait gives WRONG values, deterministically: the tests give the producer (or the slow
+reader) a latency of tens of milliseconds, which opens the race window every time. Each program
+runs tracked (values bit-equal to the synchronous run, no race) and untracked (wrong values, and
+the race checker still reports the race). Then: events and synchronize, non_blocking copies to the
+host, memory reuse by the caching allocator, kernel errors reported at the next synchronizing call,
+ops without meta kernels, the streams' threads at exit and after fork().
+
+Runs in a child process of its own (see _sim_child.py): enabling sim is process-wide.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Iterator, List, Tuple
+
+import pytest
+import torch
+
+from _sim_child import IN_CHILD, install_proxies, tracked_sim_fixtures, untracked
+
+if IN_CHILD:
+    import torch_pipeline as tp
+    import torch_pipeline.sim as sim
+    from _programs import make_pipelines, make_program, run_program
+    from torch_pipeline import _C
+
+N = 4096
+SLOW_MS = 30  # the latency that opens race windows
+
+
+_sim_enabled, _fresh_state = tracked_sim_fixtures(num_devices=2)
+
+
+@pytest.fixture(autouse=True)
+def _asynchronous(_fresh_state: None) -> Iterator[None]:
+    if not IN_CHILD:
+        yield
+        return
+    sim.set_asynchronous(True)
+    sim.clear_latency()
+    (ones() * 2).sum().item()  # the first meta computation of the process is slow (lazy init)
+    yield
+    sim.clear_latency()
+    sim.set_asynchronous(True)
+    torch.accelerator.synchronize()
+
+
+def ones(value: float = 1.0, device: str = "sim:0") -> "torch.Tensor":
+    return torch.full((N,), value, device=device)
+
+
+def slow(op: str, ms: float = SLOW_MS) -> None:
+    sim.set_latency(op=op, us=ms * 1000)
+
+
+def synchronous(fn):  # type: ignore[no-untyped-def]
+    """fn() run in synchronous mode (the reference), then back to asynchronous mode."""
+    sim.set_asynchronous(False)
+    try:
+        return fn()
+    finally:
+        sim.set_asynchronous(True)
+
+
+# ---- ops are queued; the host waits where CUDA's does ------------------------------------------
+def test_ops_return_before_their_kernels_run_and_host_reads_wait() -> None:
+    x = ones(3.0)
+    torch.accelerator.synchronize()
+    slow("aten::mul.out", 100)
+    start = time.perf_counter()
+    y = x * 2
+    queued = time.perf_counter() - start
+    assert queued < 0.05, f"the op waited for its kernel ({queued:.3f} s)"
+    assert y.sum().item() == 6.0 * N          # .item() waits for the stream
+    assert time.perf_counter() - start >= 0.1
+    z = x * 4
+    assert torch.equal(z.cpu(), torch.full((N,), 12.0))  # a blocking copy waits
+    slow("aten::mul.out", 50)
+    w = x * 5
+    assert "30." not in repr(w) and "15." in repr(w)      # printing reads the values
+
+
+def test_events_and_synchronize_behave_like_cuda() -> None:
+    x = ones()
+    slow("aten::mul.out", 60)
+    s = torch.Stream(device="sim:0")
+    start_ev = torch.Event(enable_timing=True)
+    end_ev = torch.Event(enable_timing=True)
+    start_ev.record()
+    y = x * 2
+    end_ev.record()
+    assert not end_ev.query()
+    assert not torch.accelerator.current_stream().query()
+    assert s.query()                           # nothing queued there
+    end_ev.synchronize()
+    assert end_ev.query()
+    assert torch.accelerator.current_stream().query()
+    assert start_ev.elapsed_time(end_ev) >= 50.0   # modelled device time, in ms
+    # A stream waiting for an event: the wait is queued, the host returns at once.
+    e = torch.Event()
+    y = x * 3
+    e.record()
+    with s:
+        s.wait_event(e)
+        z = y + 1
+    s.synchronize()
+    assert torch.equal(z.cpu(), torch.full((N,), 4.0))
+    # Device synchronize waits for every stream of the device.
+    with s:
+        w = x * 7
+    torch.accelerator.synchronize()
+    assert s.query()
+    sim.set_asynchronous(False)                 # no latency needed to read w now
+    assert torch.equal(w.cpu(), torch.full((N,), 7.0))
+
+
+def test_two_streams_overlap_in_time() -> None:
+    x = ones()
+    torch.accelerator.synchronize()
+    slow("aten::mul.out", 80)
+    s1, s2 = torch.Stream(device="sim:0"), torch.Stream(device="sim:0")
+    start = time.perf_counter()
+    with s1:
+        a = x * 2
+    with s2:
+        b = x * 3
+    torch.accelerator.synchronize()
+    both = time.perf_counter() - start
+    start = time.perf_counter()
+    with s1:
+        a = x * 2
+        b = x * 3
+    s1.synchronize()
+    one = time.perf_counter() - start
+    assert both < 0.15 <= one, (both, one)
+    assert a.sum().item() == 2.0 * N and b.sum().item() == 3.0 * N
+
+
+# ---- untracked twins give wrong values; tracked programs equal the synchronous run --------------
+def read_after_write(p: "tp.Pipeline") -> "torch.Tensor":
+    x = ones()
+    y = x * 3                  # written on the default stream, late (the producer is slow)
+    with tp.pipeline(p):
+        return y + 1           # read on p's stream
+
+
+def write_after_read(p: "tp.Pipeline") -> Tuple["torch.Tensor", "torch.Tensor"]:
+    x = ones()
+    torch.accelerator.synchronize()
+    with tp.pipeline(p):
+        a = x * 2              # reads x on p's stream, late (the reader is slow)
+    x.fill_(7)                 # written on the default stream at once
+    return a, x
+
+
+def write_after_write(p: "tp.Pipeline") -> "torch.Tensor":
+    x = ones()
+    with tp.pipeline(p):
+        x.mul_(5)              # written on p, late
+    x.add_(1)                  # written on the default stream
+    return x
+
+
+PROGRAMS = {
+    "read_after_write": (read_after_write, "aten::mul.out"),
+    "write_after_read": (write_after_read, "aten::mul.out"),
+    "write_after_write": (write_after_write, "aten::mul.out"),
+}
+
+
+def values(out: object) -> List["torch.Tensor"]:
+    outs = out if isinstance(out, tuple) else (out,)
+    torch.accelerator.synchronize()
+    return [t.cpu() for t in outs]
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_untracked_twins_give_wrong_values_and_tracked_programs_do_not(name: str) -> None:
+    program, slow_op = PROGRAMS[name]
+    p = tp.Pipeline()
+    reference = synchronous(lambda: values(program(p)))
+    slow(slow_op)
+    tracked = values(program(p))
+    assert all(torch.equal(r, t) for r, t in zip(reference, tracked)), (reference, tracked)
+    assert sim.races() == []
+    with untracked():
+        wrong = values(program(p))
+        assert not all(torch.equal(r, w) for r, w in zip(reference, wrong)), \
+            "the untracked program computed the right values: no race window opened"
+        assert sim.races(), "the race checker missed the race"
+
+
+def test_cpu_read_of_a_pending_non_blocking_copy() -> None:
+    p = tp.Pipeline()
+    slow("aten::mul.out")
+
+    def program() -> float:
+        with tp.pipeline(p):
+            y = ones(2.0) * 4
+            host = y.to("cpu", non_blocking=True)   # returns at once: the copy follows the mul
+        assert host.is_pinned()
+        return float(host.sum())                    # a CPU op reading the copy's result
+
+    assert program() == 8.0 * N                     # tracked: the host waits for the copy
+    with untracked():
+        stale = program()
+        assert stale != 8.0 * N, "the CPU read saw the copy's result without a wait"
+        torch.accelerator.synchronize()
+        assert any(r.later_op.endswith("(host)") for r in sim.races()), sim.races()
+
+
+def test_non_blocking_copies_from_the_host() -> None:
+    """From pageable memory the source is staged when the copy is issued (the host may reuse it
+    at once); from pinned memory the copy reads it when it runs, so an untracked host write
+    before then changes what arrives, and a tracked one waits for the copy."""
+    slow("aten::copy_ (cpu -> sim:0) non_blocking")
+    pageable = torch.ones(N)
+    y = pageable.to("sim:0", non_blocking=True)
+    pageable.fill_(5.0)
+    assert torch.equal(y.cpu(), torch.full((N,), 1.0))
+    p = tp.Pipeline()
+
+    def program() -> "torch.Tensor":
+        pinned = torch.ones(N).pin_memory()
+        with tp.pipeline(p):
+            back = pinned.to("sim:0", non_blocking=True)   # reads pinned on p's stream, late
+        pinned.fill_(2.0)                                  # a CPU write while the copy is queued
+        torch.accelerator.synchronize()
+        return back
+
+    assert torch.equal(program().cpu(), torch.full((N,), 1.0))
+    with untracked():
+        assert torch.equal(program().cpu(), torch.full((N,), 2.0))
+
+
+@pytest.mark.parametrize("safety", ["keep_alive", "record_stream"])
+def test_memory_freed_after_a_cross_stream_use(safety: str) -> None:
+    p = tp.Pipeline()
+    _C._set_allocator_safety(safety)
+
+    def program() -> "torch.Tensor":
+        x = ones(1.0)              # allocated on the default stream
+        torch.accelerator.synchronize()
+        with tp.pipeline(p):
+            y = x * 2              # reads x on p's stream, late
+        del x                      # the block goes back to the default stream's pool
+        z = ones(5.0)              # a new allocation there may reuse it, written at once
+        return y, z
+
+    try:
+        y, z = program()
+        assert torch.equal(values(y)[0], torch.full((N,), 2.0))  # (fast: no latency needed)
+        slow("aten::mul.out")
+        y, z = program()
+        assert torch.equal(values(y)[0], torch.full((N,), 2.0))
+        assert sim.races() == []
+        with untracked():
+            y, z = program()
+            assert torch.equal(values(y)[0], torch.full((N,), 10.0)), \
+                "the reused block was not overwritten under the pending read"
+            assert sim.races()
+    finally:
+        _C._set_allocator_safety("keep_alive")
+
+
+def test_tracked_random_programs_equal_the_synchronous_run() -> None:
+    import random
+    rng = random.Random(7)
+    devices = ["sim:0", "sim:1"]
+    wrong = 0
+    for n in range(12):
+        program = make_program(rng, length=16)
+        pipelines = make_pipelines(rng)
+        sim.clear_latency()
+        reference = synchronous(lambda: run_program(program, [None] * 4, n, devices))
+        sim.set_latency(launch_us=1500)
+        got = run_program(program, pipelines, n, devices)
+        assert all(torch.equal(r, g) for r, g in zip(reference, got)), f"program {n}: {program}"
+        assert sim.races() == []
+        with untracked():
+            twin = run_program(program, pipelines, n, devices)
+            for d in devices:              # the twin's unordered uses end here
+                sim.synchronize(d)
+            wrong += not all(torch.equal(r, g) for r, g in zip(reference, twin))
+        sim.clear_races()
+        sim.set_strict(True)
+    assert wrong > 0, "no untracked program computed a wrong value"
+
+
+def test_a_tracked_training_step_equals_the_synchronous_run() -> None:
+    """Forward, backward (the autograd engine's device thread queues the backward kernels) and SGD
+    with momentum in a pipeline, every kernel 300 us: the same losses and weights, bit for bit."""
+    import torch.nn as nn
+
+    def train() -> Tuple[List[float], List["torch.Tensor"]]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.LayerNorm(64),
+                              nn.Linear(64, 10)).to("sim:0")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        p = tp.Pipeline()
+        losses = []
+        for _ in range(3):
+            x = torch.randn(16, 32).to("sim:0")
+            y = torch.randint(0, 10, (16,)).to("sim:0")
+            with tp.pipeline(p):
+                loss = nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+            losses.append(loss.item())
+        return losses, [w.detach().cpu() for w in model.parameters()]
+
+    ref_losses, ref_weights = synchronous(train)
+    sim.set_latency(launch_us=300)
+    losses, weights = train()
+    assert losses == ref_losses
+    assert all(torch.equal(a, b) for a, b in zip(ref_weights, weights))
+    assert sim.races() == []
+
+
+def test_queued_results_have_the_layout_and_values_of_the_synchronous_run() -> None:
+    """The output metadata of queued ops is cached per call key: calls that differ only in an int
+    argument, a Scalar's type, strides or dtype get their own layouts."""
+    a = torch.arange(12, device="sim:0").reshape(3, 4)
+    f = a.float()
+    cases = [
+        lambda: a.sum(0), lambda: a.sum(1), lambda: a + 1, lambda: a + 0.5, lambda: a * True,
+        lambda: f.t() * 2, lambda: f * 2, lambda: f.t().contiguous(), lambda: f.half() + 1,
+        lambda: torch.cat([a, a], 0), lambda: torch.cat([a, a], 1), lambda: f.mean([0, 1]),
+        lambda: a.repeat(2, 1), lambda: a.repeat(1, 3), lambda: f.view(4, 3) @ f,
+        lambda: torch.stack([f, f * 2]).max(0),
+        lambda: (lambda g: g[:, :2].add_(g[:, 2:]))(f.clone()),
+        lambda: f.narrow_copy(1, 0, 2), lambda: f.narrow_copy(1, 1, 3),
+        lambda: torch.nn.functional.pad(f, (1, 1)), lambda: torch.nn.functional.pad(f, (2, 0, 1, 0)),
+    ]
+    def run() -> List["torch.Tensor"]:
+        out = []
+        for case in cases * 2:   # the second round uses the cached plans
+            r = case()
+            out.extend(r if isinstance(r, tuple) else (r,))
+        return out
+
+    async_results = run()
+    reference = synchronous(run)
+    for i, (x, r) in enumerate(zip(async_results, reference)):
+        assert (x.dtype, x.shape, x.stride()) == (r.dtype, r.shape, r.stride()), i
+        assert torch.equal(x.cpu(), r.cpu()), i
+
+
+# ---- kernels that cannot be queued, kernel errors -------------------------------------------------
+def test_ops_whose_output_size_depends_on_the_data_wait_for_the_stream() -> None:
+    x = torch.arange(8.0, device="sim:0")
+    slow("aten::remainder.Scalar_out")
+    slow("aten::remainder.Tensor_out")
+    mask = (x.remainder(2) == 0)
+    assert torch.equal(torch.nonzero(mask).cpu().flatten(), torch.tensor([0, 2, 4, 6]))
+    assert torch.equal(torch.masked_select(x, mask).cpu(), torch.tensor([0.0, 2.0, 4.0, 6.0]))
+    assert torch.equal(torch.unique(x.remainder(3)).cpu(), torch.tensor([0.0, 1.0, 2.0]))
+
+
+def test_a_kernel_error_is_reported_at_the_next_synchronizing_call() -> None:
+    x = ones()
+    idx = torch.tensor([0, N + 5], device="sim:0")
+    y = x.index_select(0, idx)          # queued: the index is checked when the kernel runs
+    with pytest.raises(RuntimeError, match=r"aten::index_select.*sim:0 stream 0.*out of range"):
+        torch.accelerator.synchronize()
+    torch.accelerator.synchronize()      # reported once
+    z = x.index_select(0, torch.tensor([1], device="sim:0"))
+    with pytest.raises(RuntimeError, match="index_select"):
+        x.index_select(0, idx)
+        z.cpu()                           # a blocking copy reports it too
+    del y
+
+
+def test_switching_modes_and_bad_latencies() -> None:
+    slow("aten::mul.out", 50)
+    y = ones() * 2
+    sim.set_asynchronous(False)           # waits for every queue first
+    assert _C._sim_running_executors() == 0
+    assert torch.equal(y.cpu(), torch.full((N,), 2.0))
+    sim.set_asynchronous(True)
+    with pytest.raises(ValueError, match="launch_us"):
+        sim.set_latency(launch_us=-1.0)
+    with pytest.raises(ValueError, match="op="):
+        sim.set_latency(us=5.0)
+    sim.set_latency(launch_us=3.0, bandwidth_gbps=10.0)
+    assert sim.latency() == (3.0, 10.0)
+
+
+# ---- the streams' threads at exit and after fork() -----------------------------------------------
+CHILD_SCRIPT = textwrap.dedent("""
+    import os, sys, torch
+    import torch_pipeline.sim as sim
+    from torch_pipeline import _C
+    sim.enable(2, asynchronous=True)
+    sim.set_latency(op="aten::mul.out", us=20000)
+    x = torch.ones(8, device="sim:0")
+    s = torch.Stream(device="sim:0")
+    with s:
+        y = x * 2
+    z = x * 3
+    e = torch.Event()
+    e.record()
+    assert _C._sim_running_executors() >= 2, _C._sim_running_executors()
+    torch.accelerator.synchronize()
+    w = x * 4                      # pending at fork: the child drops it
+    pid = os.fork()
+    if pid == 0:
+        ok = (_C._sim_running_executors() == 0 and e.query()
+              and torch.equal((x * 5).cpu(), torch.full((8,), 5.0))
+              and torch.equal(y.cpu(), torch.full((8,), 2.0)))
+        os._exit(0 if ok else 3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status
+    assert torch.equal(w.cpu(), torch.full((8,), 4.0))
+    with s:
+        y = x * 6                  # still queued when the interpreter exits
+    print("done", flush=True)
+""")
+
+
+def test_stream_threads_stop_at_exit_and_are_dropped_by_a_forked_child() -> None:
+    env = dict(os.environ)
+    env.pop("TORCH_PIPELINE_SIM_TEST_CHILD", None)
+    proc = subprocess.run([sys.executable, "-c", CHILD_SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip() == "done"
+    assert "Error" not in proc.stderr and "terminate" not in proc.stderr, proc.stderr
+
+
+def test_exit_step_drains_and_joins_the_threads() -> None:
+    with torch.Stream(device="sim:0"):
+        y = ones() * 2
+    assert _C._sim_running_executors() >= 1
+    sim._at_exit()
+    assert _C._sim_running_executors() == 0
+    assert not sim.is_asynchronous()
+    torch.accelerator.synchronize()
+    assert torch.equal(y.cpu(), torch.full((N,), 2.0))
+
+
+install_proxies(globals(), __file__)
