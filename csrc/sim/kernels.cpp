@@ -6,6 +6,7 @@
 #include "aliases.h"
 #include "allocator.h"
 #include "copy.h"
+#include "extra_kernels.h"
 #include "fallback.h"
 #include "host.h"
 #include "state.h"
@@ -215,6 +216,9 @@ void register_kernels() {
   aten->impl(
       "convolution_backward_overrideable",
       torch::CppFunction::makeFromBoxedFunction<&convolution_backward_kernel>());
+  register_rnn_kernels(*aten);
+  register_cpu_kernels_over_composites(*aten);
+  register_autocast();
 
   // copy_ resolves conjugate and negative bits itself and sends sim copies to _copy_from, whose
   // kernel above copies the bits' values too (its CPU aliases carry the bits): without these
