@@ -31,8 +31,10 @@ void register_cpu_kernels_over_composites(torch::Library& aten) {
         op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
       continue;
     }
-    if (op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
+    // (Not CompositeExplicitAutogradNonFunctional: that is how a structured op's functional and
+    // in-place variants reach its out= kernel, the same CPU kernel, through sim memory the
+    // dispatcher allocates; the tracker sees those inner out= ops.)
+    if (op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)) {
       std::string unqualified = name.name.substr(6);
       if (!name.overload_name.empty()) {
         unqualified += "." + name.overload_name;

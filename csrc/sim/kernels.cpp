@@ -1,6 +1,7 @@
 // Kernels of the sim device: the native ones for factories, views, resize_ and set_ (here), the
 // copy kernels (copy.cpp) and the boxed fallback that runs every other op's CPU kernel on CPU
-// aliases of sim memory (fallback.cpp), all registered by register_kernels().
+// aliases of sim memory (fallback.cpp), and those of extra_kernels.h (fused RNN cells, autocast,
+// the CPU kernel where a composite would run), all registered by register_kernels().
 #include "kernels.h"
 
 #include "aliases.h"
