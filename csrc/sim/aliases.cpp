@@ -95,7 +95,13 @@ at::Tensor to_new_sim_tensor(const at::Tensor& c) {
             c.sizes(), c.strides(), device_allocator(), kSimKeys, c.scalar_type())
       : at::detail::empty_generic(
             c.sizes(), device_allocator(), kSimKeys, c.scalar_type(), std::nullopt);
-  if (c.numel() > 0) {
+  if (c._is_zerotensor()) {
+    // An efficient zero tensor (forward-mode AD's zero tangents, _efficientzerotensor) has no
+    // memory to copy: its sim result is a tensor of zeros.
+    if (out.storage().nbytes() > 0) {
+      std::memset(out.mutable_data_ptr(), 0, out.storage().nbytes());
+    }
+  } else if (c.numel() > 0) {
     if (dense) {
       std::memcpy(out.mutable_data_ptr(), c.const_data_ptr(), c.numel() * c.element_size());
     } else {

@@ -294,6 +294,7 @@ class FallbackCall {
     if (!c.defined()) {
       return c;
     }
+    check_strided_result(c);
     const c10::TensorImpl* impl = c.unsafeGetTensorImpl();
     for (const auto& [cpu, sim] : aliases_) {
       if (cpu == impl) {
@@ -316,6 +317,17 @@ class FallbackCall {
     at::Tensor out = to_new_sim_tensor(c);
     add_accesses(out, /*write=*/true, created);
     return out;
+  }
+
+  // Sim tensors are strided: a nested or sparse result of the CPU kernel has no sim form.
+  void check_strided_result(const at::Tensor& c) const {
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        !c.is_nested(), "the sim device has no nested tensors, and ", facts_.full_name,
+        " returned one. nn.TransformerEncoder makes them in eval mode when given a "
+        "src_key_padding_mask: construct it with enable_nested_tensor=False to run it on sim");
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        c.layout() == c10::kStrided, "the sim device supports strided tensors only, and ",
+        facts_.full_name, " returned a tensor of layout ", c.layout());
   }
 
   const c10::OperatorHandle& op_;

@@ -1,12 +1,14 @@
 // Kernels of the sim device: the native ones for factories, views, resize_ and set_ (here), the
 // copy kernels (copy.cpp) and the boxed fallback that runs every other op's CPU kernel on CPU
-// aliases of sim memory (fallback.cpp), all registered by register_kernels().
+// aliases of sim memory (fallback.cpp), and those of extra_kernels.h (fused RNN cells, autocast,
+// the CPU kernel where a composite would run), all registered by register_kernels().
 #include "kernels.h"
 
 #include "aliases.h"
 #include "allocator.h"
 #include "copy.h"
 #include "executor.h"
+#include "extra_kernels.h"
 #include "fallback.h"
 #include "host.h"
 #include "state.h"
@@ -219,6 +221,9 @@ void register_kernels() {
   aten->impl(
       "convolution_backward_overrideable",
       torch::CppFunction::makeFromBoxedFunction<&convolution_backward_kernel>());
+  register_rnn_kernels(*aten);
+  register_cpu_kernels_over_composites(*aten);
+  register_autocast();
 
   // copy_ resolves conjugate and negative bits itself and sends sim copies to _copy_from, whose
   // kernel above copies the bits' values too (its CPU aliases carry the bits): without these

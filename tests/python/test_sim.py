@@ -1022,8 +1022,15 @@ UNINITIALIZED = {"empty", "empty_like", "new_empty", "new_empty_strided", "empty
                  "empty_permuted"}
 
 
+# Ops whose CPU kernel rounds differently depending on where its data lies, so a sim run, whose
+# memory lies elsewhere, agrees with a CPU run to rounding only. linalg.lstsq: on this machine's
+# LAPACK, the same 5x3 input copied to offsets 1..6 of a buffer gives solutions 1e-7 apart.
+ADDRESS_DEPENDENT = {"linalg.lstsq"}
+
+
 def test_opinfo_samples_match_cpu(capsys: pytest.CaptureFixture[str]) -> None:
-    """Every OpInfo op with float32 CPU support, first 2 samples (made on sim), vs the CPU."""
+    """Every OpInfo op with float32 CPU support, all its samples (made on sim), gives the CPU's
+    results bit for bit (ADDRESS_DEPENDENT ops: to rounding)."""
     pytest.importorskip("expecttest", reason="torch.testing._internal needs expecttest")
     from torch.testing._internal.common_methods_invocations import op_db
     from torch.testing._internal.opinfo.core import SampleInput
@@ -1043,6 +1050,25 @@ def test_opinfo_samples_match_cpu(capsys: pytest.CaptureFixture[str]) -> None:
     def to_cpu(t: Any) -> Any:
         return t.cpu() if isinstance(t, torch.Tensor) and t.device.type == "sim" else t
 
+    def same(got: Any, expected: Any) -> bool:  # assert_close(atol=0, rtol=0), but faster
+        a, b = torch.utils._pytree.tree_flatten(got), torch.utils._pytree.tree_flatten(expected)
+        if a[1] != b[1]:
+            return False
+        for x, y in zip(a[0], b[0]):
+            if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+                if not (x == y or (x != x and y != y)):
+                    return False
+            elif (x.shape != y.shape or x.dtype != y.dtype or x.is_conj() != y.is_conj()
+                  or x.is_neg() != y.is_neg()):
+                return False
+            else:
+                try:  # NaNs in the same places count as equal
+                    if not (torch.equal(x, y) or bool(((x == y) | (x.isnan() & y.isnan())).all())):
+                        return False
+                except (RuntimeError, NotImplementedError):  # dtypes without these kernels
+                    return False  # assert_close decides
+        return True
+
     compared, failed = [], {}
     for op in op_db:
         if torch.float32 not in op.supported_dtypes("cpu"):
@@ -1050,7 +1076,7 @@ def test_opinfo_samples_match_cpu(capsys: pytest.CaptureFixture[str]) -> None:
         name = op.name + ("." + op.variant_test_name if op.variant_test_name else "")
         try:
             torch.manual_seed(0)
-            samples = list(op.sample_inputs("sim:0", torch.float32, requires_grad=False))[:2]
+            samples = list(op.sample_inputs("sim:0", torch.float32, requires_grad=False))
         except Exception:  # noqa: BLE001 - sparse layouts: sim is strided only
             continue
         checked = 0
@@ -1070,9 +1096,11 @@ def test_opinfo_samples_match_cpu(capsys: pytest.CaptureFixture[str]) -> None:
                 got = tree_map(to_cpu, op(s.input, *s.args, **s.kwargs))
                 if op.name in UNINITIALIZED:
                     assert got.shape == expected.shape and got.dtype == expected.dtype
-                else:
-                    torch.testing.assert_close(got, expected, equal_nan=True, atol=1e-5,
-                                               rtol=1e-4, check_device=False)
+                elif op.name in ADDRESS_DEPENDENT or not same(got, expected):
+                    inexact = op.name in ADDRESS_DEPENDENT
+                    torch.testing.assert_close(got, expected, equal_nan=True,
+                                               atol=1e-5 if inexact else 0,
+                                               rtol=1e-4 if inexact else 0, check_device=False)
                 checked += 1
             except Exception as e:  # noqa: BLE001
                 failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
@@ -1082,7 +1110,7 @@ def test_opinfo_samples_match_cpu(capsys: pytest.CaptureFixture[str]) -> None:
     with capsys.disabled():
         print(f"\n[sim] OpInfo: {len(compared)} ops match the CPU; {len(failed)} differ")
     assert not failed, failed
-    assert len(compared) >= 150
+    assert len(compared) >= 600  # 669 with torch 2.13: samples are not skipped wholesale
     assert sim.races() == []  # everything ran on the default streams
 
 

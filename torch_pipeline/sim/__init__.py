@@ -87,6 +87,7 @@ RaceError = _C.SimRaceError
 DeviceLike = Union[torch.device, str, int, None]
 
 _BACKEND = "sim"
+_MAX_DEVICES = 16  # kMaxDevices in csrc/sim/state.h
 _lock = threading.Lock()
 
 
@@ -118,6 +119,8 @@ def enable(num_devices: int = 2, strict: bool = False, asynchronous: bool = Fals
         raise TypeError(f"strict must be a bool, got {type(strict).__name__}")
     if not isinstance(asynchronous, bool):
         raise TypeError(f"asynchronous must be a bool, got {type(asynchronous).__name__}")
+    if not 1 <= num_devices <= _MAX_DEVICES:
+        raise ValueError(f"num_devices must be in [1, {_MAX_DEVICES}], got {num_devices}")
     with _lock:
         if _C._sim_enabled():
             _C._sim_enable(num_devices, strict)  # ValueError for another count
@@ -129,8 +132,6 @@ def enable(num_devices: int = 2, strict: bool = False, asynchronous: bool = Fals
                 f"cannot enable torch_pipeline.sim: PyTorch's PrivateUse1 backend is already "
                 f"renamed to {name!r} in this process (one PrivateUse1 backend per process)"
             )
-        if num_devices < 1:
-            raise ValueError(f"num_devices must be at least 1, got {num_devices}")
         _C._sim_enable(num_devices, strict)
         if name != _BACKEND:
             torch.utils.rename_privateuse1_backend(_BACKEND)
@@ -395,3 +396,38 @@ def manual_seed_all(seed: int) -> None:
 
 def manual_seed(seed: int) -> None:
     """See :func:`manual_seed_all`."""
+
+
+# ---- torch.compile ----------------------------------------------------------------------------
+_COMPILE_REFUSAL = (
+    "torch.compile's default backend (inductor) cannot generate code for the sim device: its kernels "
+    "would touch sim memory outside the dispatcher, unseen by the race checker. Compile with "
+    "torch.compile(..., backend='aot_eager') (or 'eager'), which runs the traced graph op by op on "
+    "sim, checked like eager code."
+)
+_INDUCTOR_HOOKS = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "WrapperFxCodegen")
+
+
+class _Refusing(type):
+    def __getattr__(cls, name: str) -> object:
+        raise NotImplementedError(_COMPILE_REFUSAL)
+
+
+class _InductorRefusal(metaclass=_Refusing):
+    """What inductor finds as the sim device's code generators: using one in any way (creating
+    it, asking it anything) raises a clear error instead of inductor's ``KeyError: 'sim'``."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise NotImplementedError(_COMPILE_REFUSAL)
+
+
+def __getattr__(name: str) -> object:
+    # Inductor asks the device module (torch.sim) for these the first time it compiles for a
+    # PrivateUse1 device; it has then imported its codegen, where the device's op overrides are
+    # registered too (looked up before the code generators).
+    if name not in _INDUCTOR_HOOKS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    common = sys.modules.get("torch._inductor.codegen.common")
+    if common is not None and _BACKEND not in common.device_op_overrides_dict:
+        common.register_device_op_overrides(_BACKEND, common.DeviceOpOverrides())
+    return _InductorRefusal
