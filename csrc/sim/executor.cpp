@@ -8,6 +8,7 @@
 #include "../core/stream_queue.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
 #include <atomic>
@@ -35,10 +36,19 @@ void note_error(const std::string& message) {
   }
 }
 
+// A queue's thread is the device: the CPU ops its kernels run are the device's internals, not
+// ops of the program, so RecordFunction is off there. (Observed, they would look like the
+// program's ops to automatic synchronization, which could make the device wait for itself: a
+// queued copy into watched host memory waiting for that very copy.)
 core::StreamQueue* make_queue(uint64_t base) {
   const int threads = at::get_num_threads();
   return new core::StreamQueue(
-      base, [threads] { at::set_num_threads(threads); }, &note_error);
+      base,
+      [threads] {
+        at::set_num_threads(threads);
+        at::enableRecordFunction(false);
+      },
+      &note_error);
 }
 
 // The queue of `t`, made when `create`; nullptr when it has none.

@@ -214,6 +214,32 @@ def test_offload_gives_the_gradients_of_keeping_activations() -> None:
         assert sim.races(), "untracked, backward did not race with the copies back"
 
 
+@pytest.mark.timeout(120)
+def test_lanes_on_the_asynchronous_sim_device() -> None:
+    """With kernels that take time (asynchronous sim mode), offload and prefetch still give the
+    synchronous program's values; their copies run on the device's queues, whose CPU work the
+    tracker must not mistake for the program's (it once made a queued copy wait for itself)."""
+    model, x = _model()
+    want = _train_step(model, x, None, None)
+    data = _batches(4)
+    want_pf = _consume((a.to("sim:0"), b.to("sim:0")) for a, b in data)
+    sim.set_asynchronous(True)
+    sim.set_latency(launch_us=200)
+    try:
+        off = tp.offload(min_bytes=16 * 1024)
+        got = _train_step(model, x, tp.Pipeline(), off)
+        got_pf = _consume(tp.prefetch(data, "sim:0", depth=2))
+        values = _losses(3)
+    finally:
+        sim.clear_latency()
+        sim.set_asynchronous(False)
+    assert off.offloaded >= 4
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert all(torch.equal(a, b) for a, b in zip(got_pf, want_pf))
+    assert [v["step"] for v in values] == [0, 1, 2]
+    assert sim.races() == []
+
+
 def test_offload_bad_input() -> None:
     with pytest.raises(ValueError, match="min_bytes"):
         tp.offload(min_bytes=-1)
