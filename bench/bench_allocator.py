@@ -30,7 +30,11 @@ the host, so a deep queue on the using stream keeps record_stream's blocks back.
 a stream's work is complete as soon as the host asks: there the ways differ only by when the
 memory is looked at again (the allocator at its next allocation, holding at its next poll).
 
-    python bench/bench_allocator.py [--device cuda|sim] [--steps N] [--mib N] [--queue-ms MS]
+On the asynchronous sim device (``sim-async``) the queued work is real: kernels with a modelled
+duration on the side stream's queue, so the deep-queue case shows without a GPU.
+
+    python bench/bench_allocator.py [--device cuda|sim|sim-async] [--steps N] [--mib N]
+                                    [--queue-ms MS] [--depths 1,8,64]
 """
 from __future__ import annotations
 
@@ -47,7 +51,20 @@ import torch
 import torch_pipeline as tp
 
 
-def sleep_fn(device: str, ms: float) -> Callable[[], None]:
+def sleep_fn(device: str, ms: float, depth: int = 1) -> Callable[[], None]:
+    """``depth`` kernels of ``ms`` / ``depth`` each, queued on the current stream."""
+    if device.startswith("sim") and ms > 0:
+        import torch_pipeline.sim as sim
+
+        if not sim.is_asynchronous():
+            return lambda: None
+        sim.set_latency(op="aten::add_.Tensor", us=ms * 1000 / depth)
+        buf = torch.zeros(1, device=device)
+
+        def busy() -> None:
+            for _ in range(depth):
+                buf.add_(1)
+        return busy
     if not device.startswith("cuda") or ms <= 0:
         return lambda: None
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -57,7 +74,8 @@ def sleep_fn(device: str, ms: float) -> Callable[[], None]:
     end.record()
     end.synchronize()
     cycles = int(ms * 1_000_000 / start.elapsed_time(end))
-    return lambda: torch.cuda._sleep(cycles)
+    per_kernel = max(1, cycles // depth)
+    return lambda: [torch.cuda._sleep(per_kernel) for _ in range(depth)] and None
 
 
 def deep_queue(device: str, steps: int, numel: int, busy: Callable[[], None]) -> None:
@@ -104,15 +122,17 @@ WORKLOADS = {"join": join, "deep queue": deep_queue}
 WAYS = ("keep_alive", "record_stream")
 
 
-def one(kind: str, workload: str, way: str, steps: int, mib: int, queue_ms: float) -> Tuple[float, float]:
+def one(kind: str, workload: str, way: str, steps: int, mib: int, queue_ms: float,
+        depth: int) -> Tuple[float, float]:
     """One workload one way, in this (fresh) process: its peak allocated and reserved MiB."""
-    if kind == "sim":
+    if kind.startswith("sim"):
         import torch_pipeline.sim as sim
 
-        sim.enable(num_devices=1)
+        sim.enable(num_devices=1, asynchronous=kind == "sim-async")
+        kind = "sim"
     device = f"{kind}:0"
     numel = mib * 2**20 // 4
-    busy = sleep_fn(device, queue_ms)
+    busy = sleep_fn(device, queue_ms, depth)
     tp._C._set_allocator_safety(way)
     fn = WORKLOADS[workload]
     fn(device, 2, numel, busy)  # warm-up (the peaks are reset after it)
@@ -121,36 +141,46 @@ def one(kind: str, workload: str, way: str, steps: int, mib: int, queue_ms: floa
 
 def main(argv: List[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", choices=["cuda", "sim"], default=None)
+    parser.add_argument("--device", choices=["cuda", "sim", "sim-async"], default=None)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--mib", type=int, default=64, help="size of each tensor (sim: at most 4)")
     parser.add_argument("--queue-ms", type=float, default=20.0)
+    parser.add_argument("--depths", default="1,8,64",
+                        help="kernels the queued work per step is split into (comma-separated)")
     parser.add_argument("--one", nargs=2, metavar=("WORKLOAD", "WAY"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     kind = args.device or ("cuda" if torch.cuda.is_available() else "sim")
-    if kind == "sim":
+    if kind.startswith("sim"):
         args.mib = min(args.mib, 4)
+    depths = [int(d) for d in args.depths.split(",")]
     if args.one:
-        print(json.dumps(one(kind, args.one[0], args.one[1], args.steps, args.mib, args.queue_ms)))
+        print(json.dumps(one(kind, args.one[0], args.one[1], args.steps, args.mib, args.queue_ms,
+                             depths[0])))
         return 0
     # Each (workload, way) in a process of its own: allocators keep what they reserved (the sim
     # device's never gives memory back), so peaks must not carry over.
-    rows: Dict[str, Dict[str, Tuple[float, float]]] = {w: {} for w in WORKLOADS}
-    for workload in WORKLOADS:
-        for way in WAYS:
-            out = subprocess.run(
-                [sys.executable, os.path.abspath(__file__), "--device", kind, "--steps",
-                 str(args.steps), "--mib", str(args.mib), "--queue-ms", str(args.queue_ms),
-                 "--one", workload, way], check=True, capture_output=True, text=True).stdout
-            rows[workload][way] = tuple(json.loads(out.strip().splitlines()[-1]))  # type: ignore[assignment]
-    print(f"{kind}: {args.steps} steps, {args.mib} MiB tensors, {args.queue_ms:g} ms queued per step")
-    for workload, ways in rows.items():
-        for way, (allocated, reserved) in ways.items():
-            print(f"  {workload:<11} {way:<14} peak reserved {reserved:8.1f} MiB, "
-                  f"allocated {allocated:8.1f} MiB")
-    for workload in rows:
-        ratio = rows[workload]["record_stream"][1] / rows[workload]["keep_alive"][1]
-        print(f"{workload}: record_stream reserves {ratio:.2f}x the memory of hold (peak)")
+    print(f"{kind}: {args.steps} steps, {args.mib} MiB tensors, {args.queue_ms:g} ms queued per "
+          f"step on the using stream, split into {args.depths} kernels")
+    for depth in depths:
+        rows: Dict[str, Dict[str, Tuple[float, float]]] = {w: {} for w in WORKLOADS}
+        for workload in WORKLOADS:
+            for way in WAYS:
+                out = subprocess.run(
+                    [sys.executable, os.path.abspath(__file__), "--device", kind, "--steps",
+                     str(args.steps), "--mib", str(args.mib), "--queue-ms", str(args.queue_ms),
+                     "--depths", str(depth), "--one", workload, way],
+                    check=True, capture_output=True, text=True).stdout
+                rows[workload][way] = tuple(  # type: ignore[assignment]
+                    json.loads(out.strip().splitlines()[-1]))
+        print(f"side-queue depth {depth}:")
+        for workload, ways in rows.items():
+            for way, (allocated, reserved) in ways.items():
+                print(f"  {workload:<11} {way:<14} peak reserved {reserved:8.1f} MiB, "
+                      f"allocated {allocated:8.1f} MiB")
+        for workload in rows:
+            ratio = rows[workload]["record_stream"][1] / rows[workload]["keep_alive"][1]
+            print(f"  {workload}: record_stream reserves {ratio:.2f}x the memory of keep_alive "
+                  f"(peak)")
     if kind == "sim":
         print("(sim: no device lag, so this compares only when memory is looked at again; the "
               "deep-queue case that matters needs a GPU)")
