@@ -5,8 +5,8 @@ Rows, each side by side in one process (see _harness.py):
 * prefetch: a training step of a small model fed 2 MiB batches by ``tp.prefetch(batches,
   device)`` vs the synchronous ``batch.to(device)`` loop;
 * item_async: a step that logs its loss with ``tp.item_async`` vs ``loss.item()`` vs no logging;
-* offload: a step under ``tp.offload`` vs keeping activations vs ``save_on_cpu``; on CUDA also the
-  peak device memory of each.
+* offload: a step under ``tp.offload`` vs keeping activations vs ``save_on_cpu``, and the peak
+  device memory of each.
 
 On the sim device in its default (synchronous) mode every copy and read completes at once, so the
 ``sim`` rows show the lanes' own cost, not the overlap they buy. ``sim-async`` runs the sim device
@@ -109,8 +109,9 @@ def offload_rows(device: str, rounds: int, steps: int) -> Dict[str, List[float]]
 
     def run(name: str, ctx: Callable[[], object]) -> Callable[[int], None]:
         def steps_(n: int) -> None:
-            if device.startswith("cuda"):
-                torch.cuda.reset_peak_memory_stats()
+            index = torch.device(device).index
+            tp.synchronize()
+            torch.accelerator.reset_peak_memory_stats(index)
             for i in range(n):
                 x, y = on_device[i % len(on_device)]
                 with ctx():  # type: ignore[attr-defined]
@@ -119,8 +120,7 @@ def offload_rows(device: str, rounds: int, steps: int) -> Dict[str, List[float]]
                 opt.step()
                 opt.zero_grad()
             tp.synchronize()
-            if device.startswith("cuda"):
-                peaks[name] = torch.cuda.max_memory_allocated()
+            peaks[name] = max(peaks.get(name, 0), torch.accelerator.max_memory_allocated(index))
         return steps_
 
     import contextlib
