@@ -38,8 +38,12 @@ max(train, log) per step instead of train + log. It then checks that the pipelin
 every step, in order, with exactly the loss values of the naive run (same seed, same ops, so the
 same numbers bit for bit), and exits with status 1 if not.
 
-    python examples/async_logging.py [--steps N] [--log-latency-ms MS] [--device cpu|cuda]
+    python examples/async_logging.py [--steps N] [--log-latency-ms MS] [--device cpu|cuda|sim]
                                      [--width N] [--batch N] [--threads N] [--log-dir DIR] [--echo]
+
+``--device sim`` runs the sim device asynchronously (docs/design.md §5), every kernel taking
+``--sim-kernel-us`` on its stream's thread: ``loss.item()`` then stalls the loop as on a GPU,
+without one.
 
 On the CPU the training uses CPUs - 1 intra-op threads by default (``--threads``), so that the
 logging thread has a core of its own; both runs use the same setting.
@@ -129,8 +133,8 @@ def make_problem(
 
 
 def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    if device.type != "cpu":
+        torch.accelerator.synchronize(device)
 
 
 def run_naive(args: argparse.Namespace, device: torch.device, log_path: str) -> Result:
@@ -204,11 +208,13 @@ def _cpu_count() -> int:
 DEFAULTS = {
     "cpu": {"steps": 500, "width": 384, "batch": 64},
     "cuda": {"steps": 1000, "width": 4096, "batch": 1024},
+    "sim": {"steps": 200, "width": 256, "batch": 64},
 }
 
 
 def _default_help(name: str) -> str:
-    return f"(default: {DEFAULTS['cpu'][name]} on CPU, {DEFAULTS['cuda'][name]} on CUDA)"
+    return (f"(default: {DEFAULTS['cpu'][name]} on CPU, {DEFAULTS['cuda'][name]} on CUDA, "
+            f"{DEFAULTS['sim'][name]} on sim)")
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
@@ -217,7 +223,11 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument(
         "--log-latency-ms", type=float, default=2.0, help="simulated I/O latency per log line (default 2)"
     )
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--device", default=None,
+                        help="cpu, cuda or sim (default: cuda when available); sim: the sim "
+                             "device run asynchronously, each kernel taking --sim-kernel-us")
+    parser.add_argument("--sim-kernel-us", type=float, default=50.0,
+                        help="modelled device time per kernel on --device sim (default 50)")
     parser.add_argument("--width", type=int, default=None, help="MLP width " + _default_help("width"))
     parser.add_argument("--batch", type=int, default=None, help="batch size " + _default_help("batch"))
     parser.add_argument("--seed", type=int, default=0)
@@ -233,10 +243,11 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    cuda = torch.device(args.device).type == "cuda"
+    sim = args.device.split(":")[0] == "sim"
+    cuda = not sim and torch.device(args.device).type == "cuda"
     if cuda and not torch.cuda.is_available():
         parser.error("--device cuda, but CUDA is not available")
-    defaults = DEFAULTS["cuda" if cuda else "cpu"]
+    defaults = DEFAULTS["cuda" if cuda else "sim" if sim else "cpu"]
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -249,6 +260,12 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
+    if args.device.split(":")[0] == "sim":
+        import torch_pipeline.sim as sim
+
+        # Asynchronous, with a modelled time per kernel: loss.item() stalls as on a GPU.
+        sim.enable(num_devices=1, asynchronous=True)
+        sim.set_latency(launch_us=args.sim_kernel_us)
     device = torch.device(args.device)
     if args.threads > 0:
         # On the CPU, intra-op threads that fill every core fight the logging thread for the CPUs

@@ -22,7 +22,7 @@ streams can run them side by side; with ``--sleep-us`` each layer also waits on 
 long, via ``torch.cuda._sleep``, to stand for latency-bound kernels), and runs its forward
 
 * ``one stream``    -- both branches on the current stream,
-* ``hand-written``  -- ``torch.cuda.Stream``s with ``wait_stream`` / ``record_stream``,
+* ``hand-written``  -- ``torch.Stream``s with ``wait_stream`` / ``record_stream``,
 * ``pipelines``     -- ``tp.pipeline`` contexts, no manual sync,
 
 interleaved in rounds, timing ``--iters`` forwards each, and prints the times and the speed-ups of
@@ -32,9 +32,11 @@ bit, and exits with status 1 if not.
 
 On a machine without a GPU it runs on the sim device (docs/design.md §5) in strict mode: there it shows
 that the pipelined forward is race-free (any race would raise) and bit-equal to one stream; the
-sim device executes eagerly, so it has no speed-up to show.
+sim device executes eagerly, so it has no speed-up to show. ``--device sim-async`` runs the sim
+device asynchronously with every kernel taking ``--sleep-us`` on its stream's thread: there the
+speed-ups show without a GPU (still strict).
 
-    python examples/multi_branch.py [--device cuda|sim] [--depth N] [--width N] [--batch N]
+    python examples/multi_branch.py [--device cuda|sim|sim-async] [--depth N] [--width N] [--batch N]
                                     [--iters N] [--rounds N] [--sleep-us US]
 """
 from __future__ import annotations
@@ -80,14 +82,13 @@ class TwoBranchModel(torch.nn.Module):
             yb = self.b(x)
         return ya + yb  # no wait_stream, no record_stream: the tracker inserts what is needed
 
-    def hand_written(self, x: torch.Tensor, sa: torch.cuda.Stream,
-                     sb: torch.cuda.Stream) -> torch.Tensor:
-        current = torch.cuda.current_stream()
+    def hand_written(self, x: torch.Tensor, sa: torch.Stream, sb: torch.Stream) -> torch.Tensor:
+        current = torch.accelerator.current_stream(x.device)
         sa.wait_stream(current)  # x (and the weights) were produced on the current stream
         sb.wait_stream(current)
-        with torch.cuda.stream(sa):
+        with sa:
             ya = self.a(x)
-        with torch.cuda.stream(sb):
+        with sb:
             yb = self.b(x)
         current.wait_stream(sa)
         current.wait_stream(sb)
@@ -132,22 +133,27 @@ def time_variants(variants: Dict[str, Callable[[], torch.Tensor]], iters: int, r
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", choices=["cuda", "sim"], default=None,
-                        help="default: cuda if available, else sim")
+    parser.add_argument("--device", choices=["cuda", "sim", "sim-async"], default=None,
+                        help="default: cuda if available, else sim; sim-async: the sim device run "
+                             "asynchronously, each kernel taking --sleep-us (timed like CUDA)")
     parser.add_argument("--depth", type=int, default=16, help="layers per branch")
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--iters", type=int, default=50, help="forwards per variant per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--sleep-us", type=float, default=50.0,
-                        help="device time per layer via torch.cuda._sleep (CUDA only; 0: none)")
+                        help="device time per layer: torch.cuda._sleep on CUDA, the latency "
+                             "model's launch time per kernel on sim-async (0: none)")
     args = parser.parse_args(argv)
     device = args.device or ("cuda" if torch.cuda.is_available() else "sim")
 
-    if device == "sim":
+    if device.startswith("sim"):
         import torch_pipeline.sim as sim
 
-        sim.enable(num_devices=1, strict=True)  # any race raises sim.RaceError
+        sim.enable(num_devices=1, strict=True,  # any race raises sim.RaceError
+                   asynchronous=device == "sim-async")
+        if device == "sim-async":
+            sim.set_latency(launch_us=args.sleep_us)
         dev = torch.device("sim:0")
         sleep_cycles = 0
     else:
@@ -167,8 +173,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             "one stream": lambda: model.one_stream(x),
             "pipelines": lambda: model.pipelined(x, pa, pb),
         }
-        if device == "cuda":
-            sa, sb = torch.cuda.Stream(), torch.cuda.Stream()
+        if device != "sim":
+            sa, sb = torch.Stream(device=dev), torch.Stream(device=dev)
             outputs["hand-written"] = model.hand_written(x, sa, sb)
             variants["hand-written"] = lambda: model.hand_written(x, sa, sb)
         for name, out in outputs.items():
@@ -189,7 +195,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"without automatic synchronization the same forward has {len(sim.races())} "
                   "races (the joins and the branch inputs)")
         else:
-            sync = torch.cuda.synchronize
+            sync = torch.accelerator.synchronize
             times = time_variants(variants, args.iters, args.rounds, sync)
             print(f"\n{args.depth} layers per branch, width {args.width}, batch {args.batch}, "
                   f"{args.sleep_us:g} us device sleep per layer; median ms per forward:")
