@@ -144,6 +144,14 @@ device); both need enable_timing=True.
       .def("close", &tracking::CompiledRegion::close, py::call_guard<py::gil_scoped_release>());
   m.def("_set_regions_wrapped", &tracking::set_regions_wrapped, py::arg("wrapped"));
   m.def("_tracking_live", &tracking::live);
+  m.def("_slot_streams", [] {
+    // (worker thread, priority, slot, torch.Stream) of every pipeline slot's streams.
+    std::vector<py::tuple> out;
+    for (const auto& s : Runtime::get().slot_streams()) {
+      out.push_back(py::make_tuple(s.worker_id, s.priority, s.slot, to_python_stream(s.stream)));
+    }
+    return out;
+  });
   m.def("_set_record_function_enabled", [](bool enabled) { at::enableRecordFunction(enabled); },
         py::arg("enabled"),
         "Test switch: False turns RecordFunction off on this thread, so the ops it runs are as "

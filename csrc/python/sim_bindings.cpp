@@ -4,6 +4,8 @@
 #include "../sim/executor.h"
 #include "../sim/latency.h"
 #include "../sim/sim.h"
+#include "../sim/state.h"
+#include "../sim/trace.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
@@ -144,6 +146,22 @@ streams and the memory.
   m.def("_sim_num_devices", &sim::num_devices);
   m.def("_sim_races", &sim::races);
   m.def("_sim_clear_races", &sim::clear_races);
+  m.def("_sim_trace_start", &sim::trace::start);
+  m.def("_sim_trace_now_ns", &sim::trace::now_ns);
+  m.def("_sim_trace_stop", [] {
+    // (kind, stream label, name, begin_ns, end_ns, from label, from_ns); kind 0 kernel, 1 wait
+    std::vector<py::tuple> out;
+    const auto events = sim::trace::stop();
+    auto& checker = sim::State::get().checker();
+    for (const auto& e : events) {
+      out.push_back(py::make_tuple(static_cast<int>(e.kind), checker.label(e.timeline), e.name,
+                                   e.begin_ns, e.end_ns,
+                                   e.kind == sim::trace::Event::kWait ? checker.label(e.from)
+                                                                      : std::string(),
+                                   e.from_ns));
+    }
+    return out;
+  });
   m.def("_sim_set_strict", &sim::set_strict, py::arg("strict"));
   m.def("_sim_strict", &sim::strict);
   m.def("_sim_synchronize", [](int device) {

@@ -9,10 +9,13 @@
 #include "../runtime/waits.h"
 #include "../runtime/warn.h"
 
+#include <ATen/record_function.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <atomic>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <unordered_set>
 
@@ -47,6 +50,45 @@ std::string describe_task(const PipelineImpl& p, py::handle fn) {
          std::to_string(p.priority()) + ")";
 }
 
+// A profiler running on the submitting thread (torch.profiler records the threads it was started
+// on): its RecordFunction callbacks and state, carried to the task so its ops and its range are
+// recorded too, as at::launch carries them.
+struct Profiling {
+  at::RecordFunctionTLS callbacks;
+  std::shared_ptr<c10::ThreadLocalDebugInfo> debug_info;
+};
+
+std::optional<Profiling> submitter_profiling() {
+  if (!at::hasThreadLocalCallbacks()) {
+    return std::nullopt;
+  }
+  return Profiling{at::get_record_function_tls_(), c10::ThreadLocalDebugInfo::current()};
+}
+
+// RAII: the submitter's profiling on this thread, then what was there before.
+class ProfilingGuard {
+ public:
+  explicit ProfilingGuard(const std::optional<Profiling>& p) {
+    if (p.has_value()) {
+      saved_ = at::get_record_function_tls_();
+      at::set_record_function_tls_(p->callbacks);
+      debug_.emplace(p->debug_info);
+    }
+  }
+  ~ProfilingGuard() {
+    debug_.reset();
+    if (saved_.has_value()) {
+      at::set_record_function_tls_(*saved_);
+    }
+  }
+  ProfilingGuard(const ProfilingGuard&) = delete;
+  ProfilingGuard& operator=(const ProfilingGuard&) = delete;
+
+ private:
+  std::optional<at::RecordFunctionTLS> saved_;
+  std::optional<c10::DebugInfoGuard> debug_;
+};
+
 // The Python references of a task are raw so that no destructor ever touches Python without the
 // GIL: they are dropped with the GIL held, or leaked once the interpreter is exiting.
 class PyTask final : public core::Task {
@@ -54,8 +96,9 @@ class PyTask final : public core::Task {
   PyTask(
       core::WorkerThread* worker, PipelinePtr pipeline, py::object fn, py::tuple args,
       py::dict kwargs, py::object future, std::shared_ptr<TaskSync> sync,
-      std::unique_ptr<tracking::TaskPins> hold)
+      std::unique_ptr<tracking::TaskPins> hold, std::optional<Profiling> profiling)
       : description_(describe_task(*pipeline, fn)),
+        profiling_(std::move(profiling)),
         worker_(worker),
         pipeline_(std::move(pipeline)),
         fn_(fn.release().ptr()),
@@ -123,9 +166,21 @@ class PyTask final : public core::Task {
   // With the GIL held: fn(*args, **kwargs) with the pipeline current, after its streams waited
   // for the submitter; the end of its device work is recorded before the future completes.
   void run_in_pipeline() {
+    ProfilingGuard profiling(profiling_);
     PipelineGuard guard(pipeline_);
     sync_->wait_for_submitter(*pipeline_);
-    PyObject* result = PyObject_Call(fn_, args_, kwargs_);
+    PyObject* result = nullptr;
+    {
+      // A named range for profilers, around the task's body.
+      std::optional<at::RecordFunction> range;
+      if (at::hasCallbacks()) {
+        range.emplace(at::RecordScope::USER_SCOPE);
+        if (range->isActive()) {
+          range->before("tp." + description_);  // "tp.task fn() of pipeline id=..."
+        }
+      }
+      result = PyObject_Call(fn_, args_, kwargs_);
+    }
     py::object outcome;
     bool ok = result != nullptr;
     if (ok) {
@@ -183,6 +238,7 @@ class PyTask final : public core::Task {
   }
 
   const std::string description_;  // for error messages (core::Task::describe)
+  const std::optional<Profiling> profiling_;
   core::WorkerThread* const worker_;  // the worker this task is queued on
   PipelinePtr pipeline_;
   PyObject* fn_;
@@ -227,8 +283,9 @@ py::object submit(const PipelinePtr& p, py::object fn, py::tuple args, py::kwarg
   }
   auto hold = std::make_unique<tracking::TaskPins>(tensors, p->worker_id());
 
-  auto task = std::make_unique<PyTask>(
-      &worker, p, std::move(fn), std::move(args), std::move(kwargs), future, sync, std::move(hold));
+  auto task = std::make_unique<PyTask>(&worker, p, std::move(fn), std::move(args),
+                                       std::move(kwargs), future, sync, std::move(hold),
+                                       submitter_profiling());
   const uint64_t seq = worker.submit(std::move(task));
   sync->set_seq(seq);
   p->note_task(seq);

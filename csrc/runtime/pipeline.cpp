@@ -17,6 +17,11 @@ DeviceStreams SlotTable::streams_of(int64_t slot) const {
   return it == streams_.end() ? DeviceStreams{} : it->second;
 }
 
+std::map<int64_t, DeviceStreams> SlotTable::all_streams() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return streams_;
+}
+
 c10::Stream SlotTable::stream(int64_t slot, const c10::Device& device) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto& list = streams_[slot];

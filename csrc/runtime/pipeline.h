@@ -35,6 +35,8 @@ class SlotTable {
 
   // The streams `slot` acquired so far.
   DeviceStreams streams_of(int64_t slot) const;
+  // Every slot's streams, by slot (for tools that name streams, e.g. the sim trace).
+  std::map<int64_t, DeviceStreams> all_streams() const;
   // The stream of `slot` on `device`, created (exclusive or from the backend's pool) on first use.
   c10::Stream stream(int64_t slot, const c10::Device& device);
 

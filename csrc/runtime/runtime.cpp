@@ -144,6 +144,25 @@ std::vector<core::WorkerThread*> Runtime::workers() {
   return pool().created();
 }
 
+std::vector<Runtime::SlotStream> Runtime::slot_streams() {
+  std::vector<SlotTable*> tables;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [key, table] : tables_) {
+      tables.push_back(table.get());
+    }
+  }
+  std::vector<SlotStream> out;
+  for (SlotTable* table : tables) {  // (tables live as long as the runtime)
+    for (const auto& [slot, streams] : table->all_streams()) {
+      for (const auto& [device, stream] : streams) {
+        out.push_back(SlotStream{table->worker_id(), table->priority(), slot, stream});
+      }
+    }
+  }
+  return out;
+}
+
 PipelinePtr Runtime::create_pipeline(int worker_id, int priority) {
   check_worker_id(worker_id);
   if (priority != 0) {  // (0, the default and lowest, is in every range)

@@ -46,6 +46,14 @@ class Runtime {
   std::vector<core::WorkerThread*> workers();
 
   PipelinePtr create_pipeline(int worker_id, int priority);
+  // Every pipeline slot's streams: (worker thread, priority, slot, stream).
+  struct SlotStream {
+    int worker_id;
+    int priority;
+    int64_t slot;
+    c10::Stream stream;
+  };
+  std::vector<SlotStream> slot_streams();
   // The worker pool (created on first use; freezes the cap).
   core::WorkerPool& pool();
 

@@ -4,6 +4,7 @@
 #include "host.h"
 #include "latency.h"
 #include "state.h"
+#include "trace.h"
 
 #include "../core/stream_queue.h"
 
@@ -109,11 +110,23 @@ void set_asynchronous(bool on) {
 void launch(Timeline t, const std::string& op, size_t bytes, std::function<void()> work) {
   const auto time = modelled_time(op, bytes);
   if (!asynchronous()) {
+    const int64_t begin = trace::on() ? trace::now_ns() : 0;
     work();
     if (time.count() > 0) {
       std::this_thread::sleep_for(time);
     }
+    if (begin != 0) {
+      trace::kernel(t, op, begin, trace::now_ns());
+    }
     return;
+  }
+  if (trace::on()) {  // (the queue's thread sleeps for `time` before it runs the work)
+    const int64_t modelled = std::chrono::duration_cast<std::chrono::nanoseconds>(time).count();
+    work = [t, op, modelled, work = std::move(work)] {
+      const int64_t begin = trace::now_ns() - modelled;
+      work();
+      trace::kernel(t, op, begin, trace::now_ns());
+    };
   }
   queue_of(t, true)->enqueue(guarded(t, op, std::move(work)), time);
 }

@@ -18,6 +18,7 @@
 #include "aliases.h"
 #include "allocator.h"
 #include "deferral.h"
+#include "trace.h"
 #include "executor.h"
 #include "host.h"
 #include "latency.h"
@@ -74,6 +75,7 @@ class FallbackCall {
 
     std::vector<Access> reused;   // cached blocks this op's allocations reuse
     std::vector<Access> created;  // results and resized out= arguments
+    const int64_t traced = trace::on() && !facts_.transparent ? trace::now_ns() : 0;
     {
       DeferReuseReports defer(&reused);
       runner_(op_, &stack_, c10::DispatchKeySet(c10::DispatchKey::CPU));
@@ -106,6 +108,9 @@ class FallbackCall {
       const auto time = modelled_time(facts_.full_name, bytes);
       if (time.count() > 0) {
         std::this_thread::sleep_for(time);  // the latency model, on the calling thread
+      }
+      if (traced != 0) {
+        trace::kernel(t, facts_.full_name, traced, trace::now_ns());
       }
       if (facts_.syncs_host) {
         host_sync(t);

@@ -5,6 +5,7 @@
 #include "executor.h"
 #include "fork.h"
 #include "state.h"
+#include "trace.h"
 
 #include <c10/util/Exception.h>
 
@@ -146,6 +147,14 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     }
     State::get().checker().join(t, r.clock);
     stream_wait(t, r.timeline, r.position);
+    if (trace::on()) {  // an arrow from the event's stream to the waiter, once the wait is over
+      const Timeline from = r.timeline;
+      launch_marker(t, [t, from, time = r.time_ns] {
+        const int64_t now = trace::now_ns();
+        const int64_t recorded = time->load();
+        trace::wait(t, from, recorded != 0 ? recorded : now, now);
+      });
+    }
   }
 
   bool queryEvent(void* event) const override {

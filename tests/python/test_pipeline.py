@@ -107,6 +107,34 @@ def test_pipeline_contexts_are_named_ranges_in_profiles() -> None:
     assert rng.time_range.start <= op.time_range.start <= op.time_range.end <= rng.time_range.end
 
 
+def test_tasks_are_named_ranges_with_their_ops_in_the_submitters_profile() -> None:
+    """A task submitted while torch.profiler runs on the submitting thread is recorded there: a
+    range "tp.task <qualname>() of pipeline ..." around its body, with its ops, on its worker thread. A
+    task queued then but run after the profiler stopped still runs normally."""
+    from torch.profiler import ProfilerActivity, profile
+
+    p = tp.Pipeline(1)
+    x = torch.ones(4)
+
+    def work(t: torch.Tensor) -> torch.Tensor:
+        return torch.mul(t, 2)
+
+    gate = threading.Event()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        p.submit(work, x).wait()
+        blocker = p.submit(gate.wait, TIMEOUT)
+        late = p.submit(work, x)
+    events = {e.name: e for e in prof.events()}
+    name = f"work() of pipeline id={p.id} (priority 0)"
+    task = next(e for n, e in events.items() if n.startswith("tp.task ") and n.endswith(name))
+    mul = events["aten::mul"]
+    assert task.time_range.start <= mul.time_range.start <= mul.time_range.end <= \
+        task.time_range.end
+    gate.set()
+    blocker.wait()
+    assert torch.equal(late.wait(), x * 2)
+
+
 def test_temporary_pipeline_in_open_context_stays_alive() -> None:
     with tp.pipeline(tp.Pipeline()) as p:
         held = p.id

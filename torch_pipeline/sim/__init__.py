@@ -52,6 +52,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 
 from .. import _C
+from ._trace import trace
 
 __all__ = [
     "Race",
@@ -74,6 +75,7 @@ __all__ = [
     "set_stream",
     "set_strict",
     "synchronize",
+    "trace",
 ]
 
 Race = _C.SimRace
