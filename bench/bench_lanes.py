@@ -5,8 +5,8 @@ Rows, each side by side in one process (see _harness.py):
 * prefetch: a training step of a small model fed 2 MiB batches by ``tp.prefetch(batches,
   device)`` vs the synchronous ``batch.to(device)`` loop;
 * item_async: a step that logs its loss with ``tp.item_async`` vs ``loss.item()`` vs no logging;
-* offload: a step under ``tp.offload`` vs keeping activations vs ``save_on_cpu``, and the peak
-  device memory of each.
+* offload: a step of a narrow model on a large batch (activations outweigh the parameters) under
+  ``tp.offload`` vs keeping activations vs ``save_on_cpu``, and the peak device memory of each.
 
 On the sim device in its default (synchronous) mode every copy and read completes at once, so the
 ``sim`` rows show the lanes' own cost, not the overlap they buy. ``sim-async`` runs the sim device
@@ -103,8 +103,14 @@ def offload_rows(device: str, rounds: int, steps: int) -> Dict[str, List[float]]
     import torch.nn.functional as F
     import torch_pipeline as tp
 
-    model, opt, batches = _setup(device)
-    on_device = [(x.to(device), y.to(device)) for x, y in batches]
+    # Activation-heavy, as where offload matters: a large batch through narrow layers.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(),
+                                torch.nn.Linear(512, 512), torch.nn.GELU(),
+                                torch.nn.Linear(512, 10)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    on_device = [(torch.randn(2048, 256).to(device), torch.randint(0, 10, (2048,)).to(device))
+                 for _ in range(2)]
     peaks: Dict[str, int] = {}
 
     def run(name: str, ctx: Callable[[], object]) -> Callable[[int], None]:
@@ -130,6 +136,8 @@ def offload_rows(device: str, rounds: int, steps: int) -> Dict[str, List[float]]
         Variant("save_on_cpu", run("save_on_cpu", lambda: torch.autograd.graph.save_on_cpu(
             pin_memory=True)), steps),
         Variant("tp.offload", run("tp.offload", lambda: tp.offload(min_bytes=1 << 16)), steps),
+        Variant("tp.offload, 8 MiB in flight", run("tp.offload, 8 MiB in flight", lambda: tp.offload(
+            min_bytes=1 << 16, max_in_flight=8 << 20)), steps),
     ], rounds)
     for name, peak in peaks.items():
         print(f"  peak device memory, {name}: {peak / 2**20:.1f} MiB")

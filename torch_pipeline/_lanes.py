@@ -244,19 +244,31 @@ class offload:
         ...     loss = model(x).sum()
         >>> loss.backward()
 
+    The device memory of an offloaded tensor returns to the allocator once its copy out has run.
+    A host that runs far ahead of the device (nothing in the step waits for it) therefore keeps
+    many of them allocated at once; ``max_in_flight`` (bytes) bounds the copies out not yet run,
+    the host waiting for the oldest when more are pending (None: never wait).
+
     ``offloaded`` and ``restored`` count the tensors moved out and back.
     """
 
     def __init__(self, min_bytes: int = 1 << 20, pipeline: Optional[Pipeline] = None,
-                 prefetch: int = 2) -> None:
+                 prefetch: int = 2, max_in_flight: Optional[int] = None) -> None:
         if isinstance(min_bytes, bool) or not isinstance(min_bytes, int) or min_bytes < 0:
             raise ValueError(f"min_bytes must be an int >= 0, got {min_bytes!r}")
+        if max_in_flight is not None and (isinstance(max_in_flight, bool)
+                                          or not isinstance(max_in_flight, int)
+                                          or max_in_flight < 0):
+            raise ValueError(f"max_in_flight must be None or an int >= 0, got {max_in_flight!r}")
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
             raise ValueError(f"prefetch must be an int >= 0, got {prefetch!r}")
         _check_pipeline(pipeline, "offload(pipeline=...)")
         self.min_bytes = min_bytes
         self.pipeline = pipeline
         self.prefetch = prefetch
+        self.max_in_flight = max_in_flight
+        self._in_flight: Deque[Tuple[PipelineEvent, int]] = collections.deque()
+        self._in_flight_bytes = 0
         self.offloaded = 0
         self.restored = 0
         self._saved: Dict[int, "weakref.ref[_Offloaded]"] = {}  # by order of saving
@@ -283,6 +295,8 @@ class offload:
             host = torch.empty(t.size(), dtype=t.dtype, pin_memory=True)
             host.copy_(t, non_blocking=True)
         t.record_stream(lane_stream)
+        if self.max_in_flight is not None:
+            self._bound(self._lane(), t.numel() * t.element_size())
         with self._lock:
             index = self._count
             self._count += 1
@@ -292,12 +306,29 @@ class offload:
             self.offloaded += 1
         return saved
 
+    def _bound(self, lane: Pipeline, nbytes: int) -> None:
+        """At most ``max_in_flight`` bytes of copies out not yet run: the host waits for the
+        oldest (the only host synchronization of offload, and only when asked for)."""
+        done = lane.record_event()
+        self._in_flight.append((done, nbytes))
+        self._in_flight_bytes += nbytes
+        assert self.max_in_flight is not None
+        while self._in_flight and (self._in_flight_bytes > self.max_in_flight
+                                   or self._in_flight[0][0].query()):
+            event, size = self._in_flight.popleft()
+            event.synchronize()
+            self._in_flight_bytes -= size
+
     def _start(self, saved: _Offloaded, lane: Pipeline) -> None:
         # (backward unpacks outside any op: these copies are tracked, and the op that uses the
         # result waits for its copy)
         if saved.on_device is None:
+            # Allocated on the stream that will use it (backward's), where the memory of the
+            # tensors offloaded in forward goes back; written by the copy lane.
+            on_device = torch.empty(saved.host.size(), dtype=saved.host.dtype, device=saved.device)
             with _C.pipeline(lane):
-                saved.on_device = saved.host.to(saved.device, non_blocking=True)
+                on_device.copy_(saved.host, non_blocking=True)
+            saved.on_device = on_device
 
     def _unpack(self, saved: Any) -> torch.Tensor:
         if not isinstance(saved, _Offloaded):

@@ -205,6 +205,9 @@ def test_offload_gives_the_gradients_of_keeping_activations() -> None:
         got = _train_step(model, x, p, off)
         assert off.offloaded >= 4 and off.restored == off.offloaded
         assert all(torch.equal(a, b) for a, b in zip(got, want))
+    bounded = tp.offload(min_bytes=16 * 1024, max_in_flight=0)  # the host waits for each copy
+    assert all(torch.equal(a, b) for a, b in zip(_train_step(model, x, None, bounded), want))
+    assert bounded.offloaded >= 4
     small = tp.offload(min_bytes=1 << 30)
     _train_step(model, x, None, small)
     assert small.offloaded == 0
@@ -243,6 +246,8 @@ def test_lanes_on_the_asynchronous_sim_device() -> None:
 def test_offload_bad_input() -> None:
     with pytest.raises(ValueError, match="min_bytes"):
         tp.offload(min_bytes=-1)
+    with pytest.raises(ValueError, match="max_in_flight"):
+        tp.offload(max_in_flight=-1)
     off = tp.offload()
     with off:
         with pytest.raises(RuntimeError, match="already entered"):
