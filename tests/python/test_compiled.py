@@ -144,6 +144,29 @@ def test_a_region_that_raises_ends() -> None:
     assert tp.tracking_stats()["ops"] > ops
 
 
+def test_a_compiled_function_that_switches_streams_inside_stays_correct() -> None:
+    """A user stream inside compiled code (a torch.Stream context in the function), called in a
+    pipeline: the right values, race-free in strict mode."""
+    torch._dynamo.reset()
+    side = torch.Stream(device="sim:0")
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        with side:
+            z = y + 1
+        return z * 3
+
+    compiled = torch.compile(f, backend="aot_eager")
+    x = torch.arange(4096.0).to("sim:0")
+    p = tp.Pipeline()
+    with tp.pipeline(p):
+        out = compiled(x)
+        again = compiled(x * 1)
+    want = (torch.arange(4096.0) * 2 + 1) * 3
+    assert torch.equal(out.cpu(), want) and torch.equal(again.cpu(), want)
+    assert sim.races() == []
+
+
 def test_inductor_on_the_cpu_inside_pipelines_equals_eager() -> None:
     """The real Inductor (C++ kernels): results equal eager's (up to Inductor's fusion)."""
     torch._dynamo.reset()
