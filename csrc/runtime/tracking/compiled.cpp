@@ -1,12 +1,8 @@
 // CompiledRegion (see tracking.h): a call of compiled code as one op. Touches only the region's
-// members and the observer's per-thread region switch; acts through the pins, host-watch and launch
-// rooms, like TrackScope.
+// members and the observer's per-thread region switch; launches and ends like tp.track (scope.h).
 #include "../context.h"
-#include "../warn.h"
-#include "host_watch.h"
-#include "launch.h"
 #include "observer.h"
-#include "pins.h"
+#include "scope.h"
 #include "state.h"
 
 #include <algorithm>
@@ -44,34 +40,13 @@ CompiledRegion::CompiledRegion(const std::vector<at::Tensor>& args) {
     // Every argument is read and written (a write orders after earlier reads and writes).
     std::vector<Access> accesses;
     accesses.reserve(args_.size());
-    bool on_device = false;
     for (const at::Tensor& t : args_) {
       accesses.push_back(Access{&t, true});
-      if (!t.device().is_cpu()) {
-        on_device = true;
-        if (in_pipeline()) {
-          enter_device(t.device());
-        }
+      if (!t.device().is_cpu() && in_pipeline()) {
+        enter_device(t.device());
       }
     }
-    wait_for_pins(accesses);
-    ThreadRun& run = thread_run();
-    if (watching_host() || g_pins.load() > 0) {
-      std::vector<Access> cpu;
-      for (const Access& a : accesses) {
-        if (a.tensor->device().is_cpu()) {
-          cpu.push_back(a);
-        }
-      }
-      if (!cpu.empty()) {
-        host_access(cpu, run.reads, run.writes);
-      }
-    }
-    if (on_device) {
-      device_launch(run, accesses, /*async=*/false, launched_, period_);
-      keep_alive_ = std::move(run.keep_alive);  // the region's own, like TrackScope's
-      run.keep_alive.clear();
-    }
+    open_scope(accesses, launched_, period_, keep_alive_);
   } catch (...) {
     if (!launched_.empty()) {
       settle(launched_, period_);
@@ -115,18 +90,9 @@ void CompiledRegion::close() {
   if (launched_.empty()) {
     return;
   }
-  ThreadRun& run = thread_run();
-  run.keep_alive = std::move(keep_alive_);
-  try {
-    finish(run, launched_, period_, &fresh_, false);
-    launched_.clear();
-    fresh_.clear();
-    args_.clear();
-  } catch (const std::exception& e) {
-    warn_once("tracking failed at the end of a compiled region",
-              std::string("automatic synchronization failed at the end of a compiled region (") +
-                  e.what() + "); it may race.");
-  }
+  close_scope(launched_, period_, keep_alive_, &fresh_, "a compiled region");
+  fresh_.clear();
+  args_.clear();
 }
 
 }  // namespace tracking
