@@ -96,13 +96,10 @@ def install_proxies(module_globals: MutableMapping[str, Any], module_file: str,
         module_globals[name] = proxy(name)
 
 
-# ---- fixtures shared by the modules that run automatic synchronization on sim ----------------------
-def tracked_sim_fixtures(num_devices: int = 2) -> Tuple[Any, Any]:
-    """The fixtures of a module that tests automatic synchronization on sim (bind both names in the
-    module: ``_sim_enabled, _fresh_state = tracked_sim_fixtures(2)``): sim enabled with
-    ``num_devices`` for the module; each test starts strict, tracked, on device 0, with the host
-    synchronized with every sim device and no races recorded (and ends the same way). In the
-    parent process they do nothing."""
+# ---- fixtures shared by the modules that run on sim ------------------------------------------------
+def sim_enabled_fixture(num_devices: int = 2) -> Any:
+    """A module's autouse fixture that enables sim with ``num_devices`` for the module (in the
+    child process; in the parent it does nothing): ``_sim_enabled = sim_enabled_fixture(2)``."""
 
     @pytest.fixture(scope="module", autouse=True)
     def _sim_enabled() -> Iterator[None]:
@@ -110,6 +107,16 @@ def tracked_sim_fixtures(num_devices: int = 2) -> Tuple[Any, Any]:
             import torch_pipeline.sim as sim
             sim.enable(num_devices=num_devices)
         yield
+
+    return _sim_enabled
+
+
+def tracked_sim_fixtures(num_devices: int = 2) -> Tuple[Any, Any]:
+    """The fixtures of a module that tests automatic synchronization on sim (bind both names in the
+    module: ``_sim_enabled, _fresh_state = tracked_sim_fixtures(2)``): sim enabled with
+    ``num_devices`` for the module; each test starts strict, tracked, on device 0, with the host
+    synchronized with every sim device and no races recorded (and ends the same way). In the
+    parent process they do nothing."""
 
     @pytest.fixture(autouse=True)
     def _fresh_state() -> Iterator[None]:
@@ -134,7 +141,7 @@ def tracked_sim_fixtures(num_devices: int = 2) -> Tuple[Any, Any]:
         sim.set_strict(False)
         reset()
 
-    return _sim_enabled, _fresh_state
+    return sim_enabled_fixture(num_devices), _fresh_state
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 import pytest
 import torch
 
-from _sim_child import IN_CHILD, install_proxies
+from _sim_child import IN_CHILD, install_proxies, sim_enabled_fixture
 
 if IN_CHILD:
     import torch_pipeline as tp
@@ -28,11 +28,7 @@ if IN_CHILD:
 MiB = 1 << 20
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _sim_enabled() -> Iterator[None]:
-    if IN_CHILD:
-        sim.enable(num_devices=1)
-    yield
+_sim_enabled = sim_enabled_fixture(num_devices=1)
 
 
 def rss() -> int:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import pytest
 import torch
 
-from _sim_child import IN_CHILD, install_proxies
+from _sim_child import IN_CHILD, install_proxies, sim_enabled_fixture
 N = 3000  # elements of the tensors used below (a size no other test tensor has)
 
 if IN_CHILD:
@@ -34,11 +34,7 @@ if IN_CHILD:
 
 
 # ---- fixtures and helpers (child process) --------------------------------------------------------
-@pytest.fixture(scope="module", autouse=True)
-def _sim_enabled() -> Iterator[None]:
-    if IN_CHILD:
-        sim.enable(num_devices=2)
-    yield
+_sim_enabled = sim_enabled_fixture(num_devices=2)
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 import pytest
 import torch
 
-from _sim_child import IN_CHILD, install_proxies
+from _sim_child import IN_CHILD, install_proxies, sim_enabled_fixture
 
 if IN_CHILD:
     import torch_pipeline.sim as sim
@@ -20,11 +20,7 @@ if IN_CHILD:
 F = torch.nn.functional
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _sim_enabled() -> Iterator[None]:
-    if IN_CHILD:
-        sim.enable(num_devices=2)
-    yield
+_sim_enabled = sim_enabled_fixture(num_devices=2)
 
 
 @pytest.fixture(autouse=True)
