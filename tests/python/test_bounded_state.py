@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import gc
 import os
-from typing import Callable, Iterator
+from typing import Callable
 
 import pytest
 import torch
