@@ -112,24 +112,7 @@ bool try_defer(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Op
     return copy;
   };
   for (size_t i = 0; i < nargs; ++i) {
-    const c10::IValue& v = (*stack)[first + i];
-    if (v.isTensor()) {
-      cpu_stack.emplace_back(to_cpu(v.toTensor()));
-    } else if (v.isTensorList()) {
-      c10::List<at::Tensor> list;
-      for (const at::Tensor& x : v.toTensorList().vec()) list.push_back(to_cpu(x));
-      cpu_stack.emplace_back(std::move(list));
-    } else if (v.isOptionalTensorList()) {
-      c10::List<std::optional<at::Tensor>> list;
-      for (const std::optional<at::Tensor>& x : v.toOptionalTensorList().vec()) {
-        list.push_back(x.has_value() ? std::optional<at::Tensor>(to_cpu(*x)) : x);
-      }
-      cpu_stack.emplace_back(std::move(list));
-    } else if (v.isDevice() && v.toDevice().type() == kSim) {
-      cpu_stack.emplace_back(c10::Device(c10::kCPU));
-    } else {
-      cpu_stack.push_back(v);
-    }
+    cpu_stack.push_back(replace_tensors((*stack)[first + i], to_cpu, c10::Device(c10::kCPU)));
   }
 
   // The results, allocated now on the current stream.

@@ -85,24 +85,7 @@ std::shared_ptr<const Plan> make_plan(const c10::OperatorHandle& op, const torch
     return m;
   };
   for (size_t i = first; i < stack.size(); ++i) {
-    const c10::IValue& v = stack[i];
-    if (v.isTensor()) {
-      meta_stack.emplace_back(to_meta(v.toTensor()));
-    } else if (v.isTensorList()) {
-      c10::List<at::Tensor> list;
-      for (const at::Tensor& x : v.toTensorList().vec()) list.push_back(to_meta(x));
-      meta_stack.emplace_back(std::move(list));
-    } else if (v.isOptionalTensorList()) {
-      c10::List<std::optional<at::Tensor>> list;
-      for (const std::optional<at::Tensor>& x : v.toOptionalTensorList().vec()) {
-        list.push_back(x.has_value() ? std::optional<at::Tensor>(to_meta(*x)) : x);
-      }
-      meta_stack.emplace_back(std::move(list));
-    } else if (v.isDevice() && v.toDevice().type() == kSim) {
-      meta_stack.emplace_back(c10::Device(c10::kMeta));
-    } else {
-      meta_stack.push_back(v);
-    }
+    meta_stack.push_back(replace_tensors(stack[i], to_meta, c10::Device(c10::kMeta)));
   }
   TORCH_INTERNAL_ASSERT(meta_args.size() == sims.size());
   try {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "deferral.h"
+#include "state.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/stack.h>
@@ -58,6 +59,32 @@ class CallKey {
 std::shared_ptr<const Plan> plan_for(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
                                      size_t first, const std::vector<Argument>& sims,
                                      Runner runner, const CallKey* key);
+
+// An argument of an op with its tensors (also inside tensor lists and optional tensor lists)
+// replaced by `f(tensor)` and a sim device argument by `device`: the meta twin of a call
+// (meta_plan.cpp) and its queued CPU twin (deferral.cpp).
+template <class F>
+c10::IValue replace_tensors(const c10::IValue& v, F&& f, c10::Device device) {
+  if (v.isTensor()) {
+    return f(v.toTensor());
+  }
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> list;
+    for (const at::Tensor& x : v.toTensorList().vec()) list.push_back(f(x));
+    return list;
+  }
+  if (v.isOptionalTensorList()) {
+    c10::List<std::optional<at::Tensor>> list;
+    for (const std::optional<at::Tensor>& x : v.toOptionalTensorList().vec()) {
+      list.push_back(x.has_value() ? std::optional<at::Tensor>(f(*x)) : x);
+    }
+    return list;
+  }
+  if (v.isDevice() && v.toDevice().type() == kSim) {
+    return device;
+  }
+  return v;
+}
 
 }  // namespace sim
 }  // namespace torch_pipeline
