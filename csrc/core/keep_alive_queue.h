@@ -41,6 +41,26 @@ class KeepAliveQueue {
     }
     return n;
   }
+  // Moves the items at positions up to `seq` for which pred(position, item) holds to `out`, in
+  // position order, whatever the ones before them (items known safe to let go early, e.g. ones
+  // whose use a later op of their allocation stream was ordered after); returns how many.
+  template <typename P>
+  size_t take_if(uint64_t seq, P&& pred, std::vector<T>& out) {
+    size_t n = 0;
+    auto keep = items_.begin();
+    auto it = items_.begin();
+    for (; it != items_.end() && it->first <= seq; ++it) {
+      if (pred(it->first, static_cast<const T&>(it->second))) {
+        out.push_back(std::move(it->second));
+        ++n;
+      } else {
+        if (keep != it) *keep = std::move(*it);
+        ++keep;
+      }
+    }
+    if (n != 0) items_.erase(std::move(it, items_.end(), keep), items_.end());
+    return n;
+  }
   // Moves every item to `out` (f(seq, item&) first, e.g. to hand it to the allocator); returns how many.
   // Calls f(seq, item) for each item kept (oldest first), leaving them kept.
   template <typename F>

@@ -102,6 +102,31 @@ TEST(KeepAliveQueue, ReleasesInPositionOrderOnceComplete) {
   EXPECT_TRUE(q.empty());
 }
 
+TEST(KeepAliveQueue, TakesTheItemsAPredicateLetsGoAnywhereUpToAPosition) {
+  KeepAliveQueue<std::string> q;
+  q.add(2, "a");
+  q.add(4, "b");
+  q.add(6, "c");
+  q.add(8, "d");
+  std::vector<std::string> out;
+  std::vector<uint64_t> asked;
+  // Only up to position 6, and only what the predicate lets go: "a" stays ahead of them.
+  EXPECT_EQ(q.take_if(6, [&](uint64_t s, const std::string& x) {
+    asked.push_back(s);
+    return x != "a";
+  }, out), 2u);
+  EXPECT_EQ(asked, (std::vector<uint64_t>{2, 4, 6}));
+  EXPECT_EQ(out, (std::vector<std::string>{"b", "c"}));
+  EXPECT_EQ(q.size(), 2u);
+  EXPECT_EQ(q.front_seq(), 2u);
+  EXPECT_EQ(q.back_seq(), 8u);
+  EXPECT_EQ(q.take_if(100, [](uint64_t, const std::string&) { return false; }, out), 0u);
+  q.completed(8);
+  out.clear();
+  EXPECT_EQ(q.take_done(out), 2u);  // the rest, still in order
+  EXPECT_EQ(out, (std::vector<std::string>{"a", "d"}));
+}
+
 TEST(KeepAliveQueue, ThrottlesQueriesOfTheSameLabel) {
   KeepAliveQueue<int> q;
   EXPECT_TRUE(q.due(4));

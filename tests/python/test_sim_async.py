@@ -276,6 +276,31 @@ def test_memory_freed_after_a_cross_stream_use(safety: str) -> None:
         _C._set_allocator_safety("keep_alive")
 
 
+def test_a_block_filled_on_another_stream_goes_back_once_its_own_stream_waited() -> None:
+    """A block allocated on the default stream, written (slowly) on p's stream, then read on the
+    default stream: the read waits for the write, and the allocator hands the block out again only
+    to later work of the default stream, which comes after that wait. So it goes back to the
+    allocator when its reader drops it, not when a later poll sees the slow write done: keeping it
+    until then held every such block while the host ran ahead (tp.offload's copies back grew
+    device memory with the host's lead)."""
+    p = tp.Pipeline()
+    slow("aten::mul_.Tensor", ms=20)
+    outs = []
+    torch.accelerator.synchronize()
+    base = torch.accelerator.memory_allocated(0)
+    for i in range(12):
+        buf = ones(float(i))               # allocated on the default stream
+        with tp.pipeline(p):
+            buf.mul_(torch.tensor(2.0))    # written on p's stream, 20 ms late
+        outs.append((buf + 1).sum())       # read on the default stream: waits for the write
+        del buf
+        assert tp.tracking_stats()["kept_alive"] == 0, "the block is still kept alive"
+    # (at most a few blocks of N floats at once: the buffer, the sum's input, the sums)
+    assert torch.accelerator.memory_allocated(0) - base <= 4 * N * 4
+    assert [o.item() for o in outs] == [float((2 * i + 1) * N) for i in range(12)]
+    assert sim.races() == []
+
+
 def test_tracked_random_programs_equal_the_synchronous_run() -> None:
     import random
     rng = random.Random(7)

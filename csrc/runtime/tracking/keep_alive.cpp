@@ -4,6 +4,7 @@
 #include "keep_alive.h"
 
 #include "../settings.h"
+#include "storages.h"
 #include "streams.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -143,6 +144,29 @@ void poll_locked(LiveState& st, std::vector<c10::Storage>& released) {
       }
     }
     st.kept_alive -= e.kept.take_done(released);
+  }
+  count(g_counters.released, released.size() - before);
+}
+
+void release_ordered_locked(LiveState& st, const StreamEntry& waiter,
+                            const std::vector<Position>& waited, std::vector<c10::Storage>& released) {
+  if (st.kept_alive == 0) {
+    return;
+  }
+  const size_t before = released.size();
+  for (const Position& w : waited) {
+    StreamEntry* used = find_stream_locked(st, w.stream);
+    if (used == nullptr || used->kept.empty() || used->kept.front_seq() > w.seq) {
+      continue;
+    }
+    st.kept_alive -= used->kept.take_if(
+        w.seq,
+        [&](uint64_t seq, const c10::Storage& storage) {
+          const StorageEntry* e = find_storage_locked(st, storage.unsafeGetStorageImpl());
+          return e != nullptr && e->home == waiter.id &&
+                 st.tracker->is_ordered(waiter.id, Position{used->id, seq});
+        },
+        released);
   }
   count(g_counters.released, released.size() - before);
 }

@@ -107,6 +107,9 @@ void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool asy
     wait_events.clear();
     count(g_counters.launches);
     count(g_counters.waits, launch.waits.size());
+    if (!launch.waits.empty()) {
+      release_ordered_locked(st, se, launch.waits, released);
+    }
     launched.push_back(Launched{stream, se.id, launch.position.seq});
   }
 }
