@@ -105,8 +105,8 @@ def offload_rows(device: str, rounds: int, steps: int) -> Dict[str, List[float]]
 
     # Activation-heavy, as where offload matters: a large batch through narrow layers.
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(),
-                                torch.nn.Linear(512, 512), torch.nn.GELU(),
+    hidden = [m for _ in range(6) for m in (torch.nn.Linear(512, 512), torch.nn.GELU())]
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), *hidden,
                                 torch.nn.Linear(512, 10)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     on_device = [(torch.randn(2048, 256).to(device), torch.randint(0, 10, (2048,)).to(device))
@@ -136,6 +136,8 @@ def offload_rows(device: str, rounds: int, steps: int) -> Dict[str, List[float]]
         Variant("save_on_cpu", run("save_on_cpu", lambda: torch.autograd.graph.save_on_cpu(
             pin_memory=True)), steps),
         Variant("tp.offload", run("tp.offload", lambda: tp.offload(min_bytes=1 << 16)), steps),
+        Variant("tp.offload, prefetch 2", run("tp.offload, prefetch 2", lambda: tp.offload(
+            min_bytes=1 << 16, prefetch=2)), steps),
         Variant("tp.offload, 8 MiB in flight", run("tp.offload, 8 MiB in flight", lambda: tp.offload(
             min_bytes=1 << 16, max_in_flight=8 << 20)), steps),
     ], rounds)

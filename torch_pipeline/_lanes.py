@@ -219,11 +219,13 @@ class prefetch(Generic[T]):
 
 # ---- offload ------------------------------------------------------------------------------------
 class _Offloaded:
-    __slots__ = ("device", "host", "on_device", "index", "used", "__weakref__")
+    __slots__ = ("device", "host", "original", "on_device", "index", "used", "__weakref__")
 
-    def __init__(self, device: torch.device, host: torch.Tensor, index: int) -> None:
+    def __init__(self, device: torch.device, host: Optional[torch.Tensor],
+                 original: "_C._SavedOriginal", index: int) -> None:
         self.device = device
-        self.host = host
+        self.host = host  # None: a parameter (or a view of one), never copied
+        self.original = original  # the device tensor while its memory is alive and unchanged
         self.on_device: Optional[torch.Tensor] = None
         self.index = index
         self.used = False  # unpacked by backward at least once
@@ -238,7 +240,10 @@ class offload:
     until the device reaches it. Here the copy out is queued after the op that made the tensor,
     the device memory goes back to the allocator once the copy has read it (automatic
     synchronization keeps it alive until then), and when backward unpacks one tensor the copies
-    back of the next ``prefetch`` ones (in reverse order of saving) start too.
+    back of the next ``prefetch`` ones (in reverse order of saving) start too. A saved tensor
+    whose memory is still alive and unchanged when backward needs it (an input the caller holds,
+    a parameter or a view of one) is used in place, not copied back as a duplicate; parameters
+    are not copied out at all.
 
         >>> with tp.offload(min_bytes=1 << 20):
         ...     loss = model(x).sum()
@@ -249,11 +254,12 @@ class offload:
     many of them allocated at once; ``max_in_flight`` (bytes) bounds the copies out not yet run,
     the host waiting for the oldest when more are pending (None: never wait).
 
-    ``offloaded`` and ``restored`` count the tensors moved out and back.
+    ``offloaded`` and ``restored`` count the tensors moved out and back, ``reused`` the ones
+    backward found still alive on the device.
     """
 
     def __init__(self, min_bytes: int = 1 << 20, pipeline: Optional[Pipeline] = None,
-                 prefetch: int = 2, max_in_flight: Optional[int] = None) -> None:
+                 prefetch: int = 1, max_in_flight: Optional[int] = None) -> None:
         if isinstance(min_bytes, bool) or not isinstance(min_bytes, int) or min_bytes < 0:
             raise ValueError(f"min_bytes must be an int >= 0, got {min_bytes!r}")
         if max_in_flight is not None and (isinstance(max_in_flight, bool)
@@ -271,6 +277,7 @@ class offload:
         self._in_flight_bytes = 0
         self.offloaded = 0
         self.restored = 0
+        self.reused = 0
         self._saved: Dict[int, "weakref.ref[_Offloaded]"] = {}  # by order of saving
         self._count = 0
         self._lock = threading.Lock()
@@ -283,6 +290,11 @@ class offload:
         if (t.device.type in ("cpu", "meta") or t.layout != torch.strided
                 or t.numel() * t.element_size() < self.min_bytes):
             return t
+        original = _C._SavedOriginal(t)
+        if isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter):
+            # Alive for the whole step anyway: copying it out would free nothing.
+            with self._lock:
+                return self._add(_Offloaded(t.device, None, original, self._count))
         # Autograd packs inside the op that saves the tensor, where the tracker does not look
         # (it observes the outermost op only): the op's streams are ordered here by hand. The op
         # was launched on the current stream after its inputs' producers, so the copy lane waits
@@ -298,12 +310,14 @@ class offload:
         if self.max_in_flight is not None:
             self._bound(self._lane(), t.numel() * t.element_size())
         with self._lock:
-            index = self._count
-            self._count += 1
-            saved = _Offloaded(t.device, host, index)
-            # (an entry goes when its graph frees it)
-            self._saved[index] = weakref.ref(saved, lambda _, i=index: self._saved.pop(i, None))
             self.offloaded += 1
+            return self._add(_Offloaded(t.device, host, original, self._count))
+
+    def _add(self, saved: _Offloaded) -> _Offloaded:  # (under the lock)
+        index = saved.index
+        self._count += 1
+        # (an entry goes when its graph frees it)
+        self._saved[index] = weakref.ref(saved, lambda _, i=index: self._saved.pop(i, None))
         return saved
 
     def _bound(self, lane: Pipeline, nbytes: int) -> None:
@@ -322,7 +336,7 @@ class offload:
     def _start(self, saved: _Offloaded, lane: Pipeline) -> None:
         # (backward unpacks outside any op: these copies are tracked, and the op that uses the
         # result waits for its copy)
-        if saved.on_device is None:
+        if saved.on_device is None and saved.host is not None:
             # Allocated on the stream that will use it (backward's), where the memory of the
             # tensors offloaded in forward goes back; written by the copy lane.
             on_device = torch.empty(saved.host.size(), dtype=saved.host.dtype, device=saved.device)
@@ -333,6 +347,24 @@ class offload:
     def _unpack(self, saved: Any) -> torch.Tensor:
         if not isinstance(saved, _Offloaded):
             return saved
+        if saved.original.modified():
+            # As autograd without offload: the copy out may even have read the new values.
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an "
+                "inplace operation: a tensor saved for backward under tp.offload was written in "
+                "place between forward and backward; clone it before writing, or write after "
+                "backward")
+        if saved.on_device is None:
+            original = saved.original.get()
+            if original is not None:  # still alive and unchanged: no copy back
+                with self._lock:
+                    saved.used = True
+                    self.reused += 1
+                return original
+            if saved.host is None:
+                raise RuntimeError(
+                    "a parameter saved for backward under tp.offload was freed before backward; "
+                    "keep the module alive until backward has run")
         lane = self._lane()
         self._start(saved, lane)
         with self._lock:
@@ -340,7 +372,8 @@ class offload:
             for i in range(saved.index - 1, max(-1, saved.index - 1 - 4 * self.prefetch), -1):
                 ref = self._saved.get(i)
                 other = ref() if ref is not None else None
-                if other is not None and not other.used and other.on_device is None:
+                if (other is not None and not other.used and other.on_device is None
+                        and other.host is not None and other.original.get() is None):
                     ahead.append(other)
                     if len(ahead) == self.prefetch:
                         break

@@ -10,6 +10,7 @@
 #include "../runtime/event.h"
 #include "../runtime/op_facts.h"
 #include "../runtime/runtime.h"
+#include "../runtime/saved_original.h"
 #include "../runtime/settings.h"
 #include "../runtime/streams.h"
 #include "../runtime/task.h"
@@ -144,6 +145,10 @@ device); both need enable_timing=True.
       .def("close", &tracking::CompiledRegion::close, py::call_guard<py::gil_scoped_release>());
   m.def("_set_regions_wrapped", &tracking::set_regions_wrapped, py::arg("wrapped"));
   m.def("_tracking_live", &tracking::live);
+  py::class_<SavedOriginal>(m, "_SavedOriginal")
+      .def(py::init<const at::Tensor&>(), py::arg("tensor"))
+      .def("get", &SavedOriginal::get)
+      .def("modified", &SavedOriginal::modified);
   m.def("_slot_streams", [] {
     // (worker thread, priority, slot, torch.Stream) of every pipeline slot's streams.
     std::vector<py::tuple> out;
