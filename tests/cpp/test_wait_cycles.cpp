@@ -1,11 +1,11 @@
 // WorkerPool::begin_wait: waits of tasks for tasks of other worker threads, and the cycles among
 // them that could never end (each worker runs its tasks one at a time, in order).
 #include "core/worker_pool.h"
+#include "gate.h"
 
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -15,12 +15,12 @@
 
 namespace {
 
-using namespace std::chrono_literals;
 using torch_pipeline::core::Task;
 using torch_pipeline::core::WaitCycleError;
 using torch_pipeline::core::WorkerPool;
 
-constexpr std::chrono::milliseconds kLong = 30s;
+using torch_pipeline::testing::Gate;
+using torch_pipeline::testing::kLong;
 
 class NamedTask : public Task {
  public:
@@ -40,24 +40,6 @@ class NamedTask : public Task {
 std::unique_ptr<Task> named(std::string name, std::function<void()> run = {}) {
   return std::make_unique<NamedTask>(std::move(name), std::move(run));
 }
-
-class Gate {
- public:
-  void open() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    open_ = true;
-    cv_.notify_all();
-  }
-  bool wait(std::chrono::milliseconds timeout = kLong) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    return cv_.wait_for(lock, timeout, [&] { return open_; });
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool open_ = false;
-};
 
 // What a task does when it waits for (target, seq): registers, then blocks until done.
 bool wait_for(WorkerPool& pool, int self, int target, uint64_t seq) {

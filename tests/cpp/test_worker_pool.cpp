@@ -1,4 +1,5 @@
 #include "core/worker_pool.h"
+#include "gate.h"
 
 #include <gtest/gtest.h>
 #include <pthread.h>
@@ -23,8 +24,8 @@ using torch_pipeline::core::Task;
 using torch_pipeline::core::WorkerPool;
 using torch_pipeline::core::WorkerThread;
 
-// Generous: only reached when something is broken (sanitizer builds are slow).
-constexpr std::chrono::milliseconds kLong = 30s;
+using torch_pipeline::testing::Gate;
+using torch_pipeline::testing::kLong;
 
 // A Task built from two callables.
 class FnTask : public Task {
@@ -47,29 +48,6 @@ std::unique_ptr<Task> make_task(std::function<void()> run,
                                 std::function<void(const std::string&)> cancel = {}) {
   return std::make_unique<FnTask>(std::move(run), std::move(cancel));
 }
-
-// A one-shot gate: wait() blocks until open() (no busy waiting in the tests either).
-class Gate {
- public:
-  void open() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    open_ = true;
-    cv_.notify_all();
-  }
-  bool wait(std::chrono::milliseconds timeout = kLong) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    return cv_.wait_for(lock, timeout, [&] { return open_; });
-  }
-  bool is_open() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return open_;
-  }
-
- private:
-  mutable std::mutex mutex_;
-  std::condition_variable cv_;
-  bool open_ = false;
-};
 
 // A counter that can be waited on.
 class Counter {
