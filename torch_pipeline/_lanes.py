@@ -17,6 +17,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from . import _C
 from ._C import Pipeline, PipelineEvent, current_pipeline, pipeline
+from ._tracking import track
 
 __all__ = ["carry", "item_async", "offload", "prefetch"]
 
@@ -279,6 +280,7 @@ class offload:
         self.restored = 0
         self.reused = 0
         self._saved: Dict[int, "weakref.ref[_Offloaded]"] = {}  # by order of saving
+        self._copied: List[_Offloaded] = []  # copied out in this `with`, declared at its exit
         self._count = 0
         self._lock = threading.Lock()
         self._hooks: Optional[torch.autograd.graph.saved_tensors_hooks] = None
@@ -311,7 +313,9 @@ class offload:
             self._bound(self._lane(), t.numel() * t.element_size())
         with self._lock:
             self.offloaded += 1
-            return self._add(_Offloaded(t.device, host, original, self._count))
+            saved = self._add(_Offloaded(t.device, host, original, self._count))
+            self._copied.append(saved)
+            return saved
 
     def _add(self, saved: _Offloaded) -> _Offloaded:  # (under the lock)
         index = saved.index
@@ -396,3 +400,14 @@ class offload:
         hooks, self._hooks = self._hooks, None
         assert hooks is not None
         hooks.__exit__(*exc)
+        with self._lock:
+            copied, self._copied = self._copied, []
+        # The copies out read their tensors on the lane where the tracker did not look (inside
+        # the ops that saved them). Saved tensors still alive now (an input the caller holds, an
+        # output it keeps) may be written later, e.g. after backward used them in place: declare
+        # the lane's reads (the lane runs in order, so after the copies) so that those writes
+        # wait for them. (A dead one's memory is kept from reuse by record_stream.)
+        alive = [t for t in (saved.original.get() for saved in copied) if t is not None]
+        if alive:
+            with _C.pipeline(self._lane()), track(read=alive):
+                pass

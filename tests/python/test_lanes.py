@@ -298,6 +298,31 @@ def test_offload_refuses_a_saved_tensor_written_in_place_like_autograd() -> None
     assert sim.races() == []
 
 
+def test_tensors_written_after_offload_wait_for_their_copies_out() -> None:
+    """Writing a saved tensor once backward is done (or when no backward runs) is legal, and the
+    write must not overtake the copy out still reading it on the lane: an input the caller holds
+    (backward used it in place, so it never waited for the lane), an output its op saved and the
+    caller keeps, and the output of a forward never differentiated."""
+    x = torch.randn(512, 1024).to("sim:0")  # 2 MiB: the only tensor offloaded
+    lin = nn.Linear(1024, 8).to("sim:0")
+    w = torch.randn(512, 1024, device="sim:0", requires_grad=True)
+    for _ in range(2):
+        with tp.offload(min_bytes=1 << 20) as off:
+            loss = lin(x).square().mean()
+        loss.backward()
+        assert (off.offloaded, off.reused) == (1, 1)
+        x.add_(1)
+        with tp.offload(min_bytes=1 << 20):
+            y = torch.sigmoid(w)  # saves y, its own output
+            y.sum().backward()
+        y.detach().mul_(2)
+        with tp.offload(min_bytes=1 << 20):
+            z = (w * 3).exp()
+        z.detach().add_(1)
+        w.grad = None
+    assert sim.races() == []
+
+
 def test_offload_bad_input() -> None:
     with pytest.raises(ValueError, match="min_bytes"):
         tp.offload(min_bytes=-1)
