@@ -57,6 +57,15 @@ void put(std::string& key, const T& v) {
   key.append(reinterpret_cast<const char*>(&v), sizeof(T));
 }
 
+// A list of plain values: its tag, the values, an end mark.
+template <class T>
+bool put_list(std::string& key, char tag, const std::vector<T>& values) {
+  key += tag;
+  for (const T& x : values) put(key, x);
+  key += ';';
+  return true;
+}
+
 bool is_scalar(const c10::TypePtr& type) {  // a Scalar: only its type matters for metadata
   if (type->kind() == c10::TypeKind::OptionalType) {
     return is_scalar(type->castRaw<c10::OptionalType>()->getElementType());
@@ -161,24 +170,9 @@ bool CallKey::add(const c10::IValue& v, const c10::TypePtr& type) {
   if (v.isInt()) { key_ += 'i'; if (!scalar) put(key_, v.toInt()); return true; }
   if (v.isBool()) { key_ += 'b'; if (!scalar) put(key_, v.toBool()); return true; }
   if (v.isComplexDouble()) { key_ += 'c'; return scalar; }
-  if (v.isIntList()) {
-    key_ += 'I';
-    for (int64_t x : v.toIntList().vec()) put(key_, x);
-    key_ += ';';
-    return true;
-  }
-  if (v.isDoubleList()) {
-    key_ += 'D';
-    for (double x : v.toDoubleList().vec()) put(key_, x);
-    key_ += ';';
-    return true;
-  }
-  if (v.isBoolList()) {
-    key_ += 'B';
-    for (bool x : v.toBoolList().vec()) put(key_, x);
-    key_ += ';';
-    return true;
-  }
+  if (v.isIntList()) return put_list(key_, 'I', v.toIntList().vec());
+  if (v.isDoubleList()) return put_list(key_, 'D', v.toDoubleList().vec());
+  if (v.isBoolList()) return put_list(key_, 'B', v.toBoolList().vec());
   if (v.isString()) {
     key_ += 's';
     key_ += v.toStringRef();
