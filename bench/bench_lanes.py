@@ -166,28 +166,22 @@ def main(argv: List[str]) -> int:
     print(f"device {device}; {rounds} rounds of {steps} training steps (MLP 256-1024-1024-10)")
     ok = True
 
-    print("\n[prefetch] ns per step")
-    pre = prefetch_rows(device, rounds, steps)
-    print_table(pre)
     overlapping = args.device != "sim"
-    if overlapping:
-        ok &= check_targets(pre, [Target("tp.prefetch", "batch.to(device)", 1.0,
-                                         "prefetch no slower than the synchronous loop")])
-
-    print("\n[item_async] ns per step")
-    items = item_async_rows(device, rounds, steps)
-    print_table(items)
-    if overlapping:
-        ok &= check_targets(items, [Target("tp.item_async", "no logging", 1.05,
-                                           "logging with item_async within 5% of no logging")])
-
-    print("\n[offload] ns per step")
-    off = offload_rows(device, rounds, steps)
-    print_table(off)
-    if overlapping:
-        ok &= check_targets(off, [Target("tp.offload", "save_on_cpu", 1.0,
-                                         "offload no slower than save_on_cpu")])
-    else:
+    sections = [
+        ("prefetch", prefetch_rows, Target("tp.prefetch", "batch.to(device)", 1.0,
+                                           "prefetch no slower than the synchronous loop")),
+        ("item_async", item_async_rows, Target("tp.item_async", "no logging", 1.05,
+                                               "logging with item_async within 5% of no logging")),
+        ("offload", offload_rows, Target("tp.offload", "save_on_cpu", 1.0,
+                                         "offload no slower than save_on_cpu")),
+    ]
+    for name, rows, target in sections:
+        print(f"\n[{name}] ns per step")
+        samples = rows(device, rounds, steps)
+        print_table(samples)
+        if overlapping:
+            ok &= check_targets(samples, [target])
+    if not overlapping:
         print("(sim, synchronous mode: these rows are the lanes' own cost; see the docstring)")
     return finish(ok, args.check)
 
