@@ -301,6 +301,22 @@ def test_a_block_filled_on_another_stream_goes_back_once_its_own_stream_waited()
     assert sim.races() == []
 
 
+def test_a_block_a_task_wrote_goes_back_once_its_future_was_waited() -> None:
+    """The same through an external wait: a task writes (slowly) a block its submitter allocated;
+    waiting for the task's future orders the submitter's stream after the write, so the block
+    is not kept alive past that."""
+    p = tp.Pipeline()
+    slow("aten::mul_.Tensor", ms=20)
+    torch.accelerator.synchronize()
+    for i in range(4):
+        buf = ones(float(i))
+        p.submit(lambda b: b.mul_(torch.tensor(2.0)), buf).wait()
+        assert tp.tracking_stats()["kept_alive"] == 0, "the block is still kept alive"
+        assert buf.sum().item() == float(2 * i * N)
+        del buf
+    assert sim.races() == []
+
+
 def test_tracked_random_programs_equal_the_synchronous_run() -> None:
     import random
     rng = random.Random(7)

@@ -29,9 +29,10 @@ void record_instead(std::vector<PendingKeepAlive>& pending);
 // lock: dropping the last reference frees memory). Counts a launch; polls when due.
 void poll_locked(LiveState& st, std::vector<c10::Storage>& released);
 void maybe_poll_locked(LiveState& st, std::vector<c10::Storage>& released);
-// Stream `waiter` was just made to wait for `waited` (positions of other streams): storages
-// allocated on `waiter` and kept alive for a use now ordered before its next ops let go at once
-// (moved to `released`). The allocator hands memory out again only to later work of its
+// Stream `waiter` was just made to wait for `waited` (positions of other streams; a wait the
+// tracker inserted, or an external one: a task's future, an event): storages allocated on
+// `waiter` and kept alive for a use now ordered before its next ops let go at once (moved to
+// `released`). The allocator hands memory out again only to later work of its
 // allocation stream, which comes after that wait: e.g. a buffer filled by a copy lane and read on
 // its own stream returns to the allocator when its reader frees it, not when a poll sees the copy
 // done, however far the host runs ahead.

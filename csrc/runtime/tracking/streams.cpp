@@ -1,6 +1,8 @@
 // The stream log room (see streams.h): positions and events per c10 stream, the baseline and the
-// barrier of a live period, and external waits. Touches the stream parts of LiveState.
+// barrier of a live period, and external waits (which can end keep-alives, through keep_alive.h).
+// Touches the stream parts of LiveState.
 #include "streams.h"
+#include "keep_alive.h"
 
 #include "../devices.h"
 
@@ -133,13 +135,16 @@ void waited(const c10::Stream& waiter, const Mark& m) {
     return;
   }
   LiveState& st = state();
+  std::vector<c10::Storage> released;  // dropped after the lock (declared before it)
   std::lock_guard<std::mutex> lock(st.mutex);
   if (st.period != m.period) {
     return;
   }
   StreamEntry& w = acquire_stream_locked(st, waiter);
   if (w.id != m.stream) {
-    st.tracker->waited(w.id, Position{m.stream, m.seq});
+    const Position producer{m.stream, m.seq};
+    st.tracker->waited(w.id, producer);
+    release_ordered_locked(st, w, {producer}, released);
   }
 }
 
