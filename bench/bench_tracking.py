@@ -28,9 +28,10 @@ Two more rows on sim tensors:
 
 Targets: live <= 1.15x idle (it was 1.25x), idle <= 1.03x not imported, model <= 1.05x, memory
 growth < 10 MiB. One PASS/FAIL line each. The exit status is 0 unless ``--check`` is given and a
-target is missed. ``--quick`` runs fewer rounds.
+target is missed. ``--quick`` runs fewer rounds; ``--only`` runs some rows (``--only model`` for the
+ResNet-style row alone).
 
-    python bench/bench_tracking.py [--quick] [--check] [--rounds N] [--iterations N]
+    python bench/bench_tracking.py [--quick] [--check] [--rounds N] [--iterations N] [--only ROWS]
 """
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ NOT_IMPORTED = "not imported"
 IDLE = "idle"
 LIVE = "live"
 LIVE_IN_P = "live, in p"
+ROWS = ("cpu", "sim", "model", "memory", "cuda")  # --only (cuda: when a GPU is present)
 
 
 def _add_loop(device: str):  # type: ignore[no-untyped-def]
@@ -227,8 +229,14 @@ def main(argv: List[str]) -> int:
     add_common_args(parser)
     parser.add_argument("--iterations", type=int, default=None,
                         help="ops per round on CPU (default 50000, quick 10000; sim: a tenth)")
+    parser.add_argument("--only", default=",".join(ROWS), metavar="ROWS",
+                        help="comma-separated rows to run, of " + ", ".join(ROWS) + " (default: all)")
     parser.add_argument("--child", choices=[NOT_IMPORTED, IDLE], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    only = [r.strip() for r in args.only.split(",") if r.strip()]
+    unknown = [r for r in only if r not in ROWS]
+    if unknown:
+        parser.error(f"--only: unknown rows {unknown}; the rows are {', '.join(ROWS)}")
     iterations = args.iterations or (10_000 if args.quick else 50_000)
     rounds = args.rounds or (3 if args.quick else 7)
     if args.child:
@@ -239,41 +247,45 @@ def main(argv: List[str]) -> int:
     print(f"torch.add on 8-element tensors; {rounds} rounds, {iterations} ops per round on CPU")
     ok = True
 
-    print("\n[cpu] torch_pipeline not imported vs imported and idle (separate processes)")
-    procs = across_processes(iterations, rounds)
-    print_table(procs)
-    ok &= check_targets(procs, [Target(IDLE, NOT_IMPORTED, 1.03, "idle <= 1.03x not imported")])
+    if "cpu" in only:
+        print("\n[cpu] torch_pipeline not imported vs imported and idle (separate processes)")
+        procs = across_processes(iterations, rounds)
+        print_table(procs)
+        ok &= check_targets(procs, [Target(IDLE, NOT_IMPORTED, 1.03, "idle <= 1.03x not imported")])
 
-    print("\n[cpu] tracking live vs idle (one process)")
-    cpu = in_process("cpu", iterations, rounds)
-    print_table(cpu)
-    ok &= check_targets(cpu, [Target(LIVE, IDLE, 1.15, "live <= 1.15x idle")])
+        print("\n[cpu] tracking live vs idle (one process)")
+        cpu = in_process("cpu", iterations, rounds)
+        print_table(cpu)
+        ok &= check_targets(cpu, [Target(LIVE, IDLE, 1.15, "live <= 1.15x idle")])
 
     import torch_pipeline.sim as sim
 
     sim.enable(num_devices=2)
-    print("\n[sim] tracking live vs idle (one process)")
-    sim_samples = in_process("sim:0", max(1, iterations // 10), rounds)
-    print_table(sim_samples)
-    ok &= check_targets(sim_samples, [Target(LIVE, IDLE, 1.15, "live <= 1.15x idle"),
-                                      Target(LIVE_IN_P, IDLE, 1.15, "live, in p <= 1.15x idle")])
+    if "sim" in only:
+        print("\n[sim] tracking live vs idle (one process)")
+        sim_samples = in_process("sim:0", max(1, iterations // 10), rounds)
+        print_table(sim_samples)
+        ok &= check_targets(sim_samples, [Target(LIVE, IDLE, 1.15, "live <= 1.15x idle"),
+                                          Target(LIVE_IN_P, IDLE, 1.15, "live, in p <= 1.15x idle")])
 
-    print("\n[sim] ResNet-style training step, two GPipe stages on sim:0/sim:1")
-    model = model_rows(rounds, 1 if args.quick else 3)
-    print_table(model)
-    ok &= check_targets(model, [Target("two pipelines", "default pipeline", 1.05,
-                                       "two pipelines <= 1.05x the default pipeline")])
+    if "model" in only:
+        print("\n[sim] ResNet-style training step, two GPipe stages on sim:0/sim:1")
+        model = model_rows(rounds, 1 if args.quick else 3)
+        print_table(model)
+        ok &= check_targets(model, [Target("two pipelines", "default pipeline", 1.05,
+                                           "two pipelines <= 1.05x the default pipeline")])
 
-    ops = 200_000 if args.quick else 1_000_000
-    mem = memory_row(ops)
-    print(f"\n[sim] memory: {mem['ops']:.0f} ops with a pipeline alive: {mem['storages']:.0f} "
-          f"tracked storages (8 long-lived), RSS growth {mem['rss_growth_mib']:.1f} MiB")
-    passed = mem["rss_growth_mib"] < 10 and mem["storages"] < 2_000
-    print(f"{'PASS' if passed else 'FAIL'}: memory growth < 10 MiB and entries bounded")
-    ok &= passed
+    if "memory" in only:
+        ops = 200_000 if args.quick else 1_000_000
+        mem = memory_row(ops)
+        print(f"\n[sim] memory: {mem['ops']:.0f} ops with a pipeline alive: {mem['storages']:.0f} "
+              f"tracked storages (8 long-lived), RSS growth {mem['rss_growth_mib']:.1f} MiB")
+        passed = mem["rss_growth_mib"] < 10 and mem["storages"] < 2_000
+        print(f"{'PASS' if passed else 'FAIL'}: memory growth < 10 MiB and entries bounded")
+        ok &= passed
     import torch
 
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and "cuda" in only:
         print("\n[cuda] tracking live vs idle (one process)")
         cuda = in_process("cuda:0", iterations, rounds)
         print_table(cuda)
