@@ -19,7 +19,6 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
-#include <unordered_map>
 #include <utility>
 
 namespace torch_pipeline {
@@ -44,11 +43,6 @@ void report_compiled_gap(const char* name) {
             "around the call. Warned once.");
 }
 
-// An observed op whose callees raised at least this many RecordFunction events the last time
-// (each boxes its inputs and outputs for the callback, which ignores them) gets RecordFunction
-// switched off on its thread for its callees: switching costs about as much as two such events.
-constexpr uint32_t kCalleesWorthSkipping = 4;
-
 // Per-thread state of the op being observed (only the outermost one of a thread).
 struct Tls {
   int level = 0;   // RecordFunction nesting on this thread
@@ -64,11 +58,6 @@ struct Tls {
   std::vector<bool> list_writes;       // ... and their write flags
   std::vector<Access> scratch;
   std::vector<at::Tensor> fresh;
-  const OpFacts* facts = nullptr;  // the observed op's
-  uint32_t callees = 0;            // RecordFunction events inside it (while not switched off)
-  bool callees_off = false;        // RecordFunction is off on this thread for its callees
-  // Operators seen calling at least kCalleesWorthSkipping observed operators (bounded by them).
-  std::unordered_map<const OpFacts*, bool> many_callees;
   // Ops left to the ops they call (tensors without storage, see on_start), innermost last: their
   // level, their facts, whether they touch an accelerator, and `observed` when they started.
   struct Unclaimed {
@@ -169,52 +158,6 @@ void enter_devices(const c10::ArrayRef<c10::IValue>& inputs) {
         }
       });
     }
-  }
-}
-
-std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn);
-
-// Whether the tracker's callback is the only RecordFunction callback this thread runs, in every
-// scope: then switching RecordFunction off for an observed op's callees changes nothing anybody
-// sees (a profiler, the sim device's host watch or collective debugging still see every op).
-bool only_tracker_callbacks() {
-  for (size_t s = 0; s < static_cast<size_t>(at::RecordScope::NUM_SCOPES); ++s) {
-    const auto scope = static_cast<at::RecordScope>(s);
-    const auto callbacks = at::getStepCallbacksUnlessEmpty(scope);
-    if (!callbacks.has_value()) {
-      continue;
-    }
-    if (scope != at::RecordScope::FUNCTION) {
-      return false;
-    }
-    for (const auto& c : callbacks->callbacks_) {
-      if (c.start_ != &on_start) {
-        return false;
-      }
-    }
-  }
-  return true;
-}
-
-// After the observed op's start: RecordFunction off for its callees when they are many (learned
-// per operator on this thread). Callees of an observed op are not looked at (Tls::active), so
-// the tracker sees the same ops either way.
-void maybe_skip_callees(Tls& t) {
-  t.callees = 0;
-  const auto it = t.many_callees.find(t.facts);
-  if (it != t.many_callees.end() && at::isRecordFunctionEnabled() && only_tracker_callbacks()) {
-    at::enableRecordFunction(false);
-    t.callees_off = true;
-  }
-}
-
-// At the observed op's end: RecordFunction back on, or what its callees were is learned.
-void end_skip_callees(Tls& t) {
-  if (t.callees_off) {
-    t.callees_off = false;
-    at::enableRecordFunction(true);
-  } else if (t.callees >= kCalleesWorthSkipping && t.facts != nullptr) {
-    t.many_callees.emplace(t.facts, true);
   }
 }
 
@@ -323,7 +266,6 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   Tls& t = tls;
   ++t.level;
   if (t.active != 0) {
-    ++t.callees;
     return nullptr;  // inside an observed op: its device work is on the same streams
   }
   if (!g_observing.load(std::memory_order_relaxed)) {
@@ -362,8 +304,6 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     t.host_only = true;
     failed("before", facts.full_name, e);
   }
-  t.facts = &facts;
-  maybe_skip_callees(t);
   return nullptr;
 }
 
@@ -374,7 +314,6 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   }
   if (t.active == t.level) {
     t.active = 0;
-    end_skip_callees(t);
     try {
       if (!t.host_only) {
         end_op(fn, t);
@@ -433,10 +372,6 @@ void end_region() {
 }
 
 void reset_observer_thread_after_fork() {
-  if (tls.callees_off) {  // (forked inside an observed op)
-    tls.callees_off = false;
-    at::enableRecordFunction(true);
-  }
   tls.level = 0;
   tls.active = 0;
   tls.unclaimed.clear();
