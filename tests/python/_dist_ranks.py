@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
@@ -139,6 +140,17 @@ def main() -> None:
     dist.destroy_process_group()
     with open(out, "w") as f:
         json.dump(result, f)
+    # Leave without interpreter finalization. Gloo's threads drop their finished Work objects
+    # after the waiter has moved on; one dropped while the interpreter finalizes decrefs its
+    # tensors' Python objects, takes the GIL, is ended by Python inside a noexcept destructor and
+    # aborts the process ("terminate called without an active exception", AsyncAllgatherWork's
+    # destructor on a ProcessGroupGloo::runLoop thread: a PyTorch hazard of plain Gloo programs,
+    # see pytorch/pytorch#179291). The exit handlers (torch_pipeline's waits for its tasks among
+    # them) still run, with the interpreter alive.
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
