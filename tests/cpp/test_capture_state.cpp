@@ -8,6 +8,9 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <map>
 #include <memory>
@@ -389,12 +392,28 @@ TEST(CaptureRegistry, ThreadsBeginAndEndWhilePollersRead) {
   EXPECT_EQ(reg.size(), 0u);
 }
 
+// In a forked child (no capture survives fork): nothing registered, queries allowed, and captures
+// register again; the parent's are untouched. (The child exits with _exit, so the state it leaks
+// on purpose is not reported.)
 TEST(CaptureRegistry, ResetAfterForkForgetsCaptures) {
   QueryGate gate;
   CaptureRegistry<int> reg(gate);
   reg.add(1, [] { return std::make_shared<int>(1); });
-  reg.reset_after_fork();
-  gate.reset_after_fork();
-  EXPECT_EQ(reg.find(1), nullptr);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    reg.reset_after_fork();
+    gate.reset_after_fork();
+    bool ok = reg.find(1) == nullptr && gate.may_query() && reg.size() == 0;
+    reg.add(2, [] { return std::make_shared<int>(2); });
+    ok = ok && !gate.may_query() && reg.find(2) != nullptr;
+    _exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_NE(reg.find(1), nullptr);
+  EXPECT_FALSE(gate.may_query());
+  reg.remove(1);
   EXPECT_TRUE(gate.may_query());
 }

@@ -271,6 +271,36 @@ def test_replays_are_ordered_against_the_streams_they_run_on() -> None:
         assert any("sim graph replay" in str(r) for r in sim.races())
 
 
+def test_a_host_wait_during_a_capture_is_skipped_with_a_warning() -> None:
+    p, p2 = tp.Pipeline(), tp.Pipeline()
+    x = torch.ones(256, device="sim")
+    with tp.pipeline(p2):
+        h = x.to("cpu", non_blocking=True)  # watched host memory, written on p2
+    out = torch.empty(256, device="sim")
+    g = sim.Graph()
+    paused = stats()["polls_paused"]
+    with tp.pipeline(p):
+        with pytest.warns(UserWarning, match="while a graph capture is underway"):
+            with sim.graph(g):
+                out.copy_(x * 2)
+                h.sum()  # a CPU op on it: no synchronization is allowed now
+    assert stats()["polls_paused"] > paused
+
+
+def test_the_twin_unaware_of_captures_synchronizes_and_fails_the_capture() -> None:
+    p, p2 = tp.Pipeline(), tp.Pipeline()
+    x = torch.ones(256, device="sim")
+    with tp.pipeline(p2):
+        h = x.to("cpu", non_blocking=True)
+    g = sim.Graph()
+    with capture_unaware(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(RuntimeError, match="invalidated by .*an event synchronize"):
+            with tp.pipeline(p):
+                with sim.graph(g):
+                    h.sum()
+
+
 def test_tracking_stays_live_through_a_capture_and_goes_idle_after() -> None:
     gc.collect()
     assert not _C._tracking_live()
