@@ -11,48 +11,34 @@ under a pipeline computes what eager does. Skipped without a GPU; run by scripts
 """
 from __future__ import annotations
 
-import contextlib
 import threading
-from typing import Callable, Iterator, List
+from typing import List
 
 import pytest
 import torch
 
 import torch_pipeline as tp
+from test_tracking_gpu import both_ways  # (with tracking, and off: the race window shows)
 
 pytestmark = pytest.mark.gpu
 
 N = 1 << 20
 
 
-@contextlib.contextmanager
-def untracked() -> Iterator[None]:
-    tp._C._set_tracking_enabled(False)
-    try:
-        yield
-    finally:
-        tp._C._set_tracking_enabled(True)
-
-
-def both_ways(program: Callable[[], float], expected: float) -> None:
-    """The program computes `expected` with tracking and something else without it."""
-    torch.cuda.synchronize()
-    assert program() == expected
-    torch.cuda.synchronize()
-    with untracked():
-        got = program()
-        torch.cuda.synchronize()
-    assert got != expected, "the program computed the right value without tracking: no race window"
+def doubling_graph(p: "tp.Pipeline", x: torch.Tensor, out: torch.Tensor) -> "torch.cuda.CUDAGraph":
+    """A graph, captured inside pipeline p, that writes x * 2 into out."""
+    g = torch.cuda.CUDAGraph()
+    with tp.pipeline(p):
+        with torch.cuda.graph(g):
+            out.copy_(x * 2)
+    return g
 
 
 def test_a_graph_captured_in_a_pipeline_replays_after_its_input(cycles_per_ms: float) -> None:
     p, p1 = tp.Pipeline(), tp.Pipeline()
     x = torch.zeros(N, device="cuda")
     out = torch.zeros(N, device="cuda")
-    g = torch.cuda.CUDAGraph()
-    with tp.pipeline(p):
-        with torch.cuda.graph(g):
-            out.copy_(x * 2)
+    g = doubling_graph(p, x, out)
     assert tp.tracking_stats()["captures_underway"] == 0
 
     def program() -> float:
@@ -135,10 +121,7 @@ def test_storages_a_graph_uses_live_as_long_as_the_graph() -> None:
     p = tp.Pipeline()
     x = torch.ones(N, device="cuda")
     out = torch.zeros(N, device="cuda")
-    g = torch.cuda.CUDAGraph()
-    with tp.pipeline(p):
-        with torch.cuda.graph(g):
-            out.copy_(x * 2)
+    g = doubling_graph(p, x, out)
     ref = StorageWeakRef(x.untyped_storage())
     del x
     torch.cuda.synchronize()
