@@ -65,11 +65,12 @@ def test_a_capture_across_two_pipelines_keeps_its_edges(cycles_per_ms: float) ->
     with tp.pipeline(p):
         with torch.cuda.graph(g):
             y = x * 2
-            with tp.pipeline(p2):            # forked into the capture
-                torch.cuda._sleep(int(50 * cycles_per_ms))
-                z = y + 1                    # late, on p2, in the graph
+            with tp.pipeline(p2):
+                z = torch.zeros_like(y)      # p2's first op: forks p2 into the capture
+                torch.cuda._sleep(int(50 * cycles_per_ms))  # (captured: p2 is in the capture)
+                torch.add(y, 1, out=z)       # late, on p2, in the graph
                 side_out.copy_(z * 10)       # read by nobody on the capturing stream
-            out.copy_(z * y)                 # a captured wait for p2
+            out.copy_(z * y)                 # a captured wait for p2: else it reads zeros
     stats = tp.tracking_stats()
     assert stats["capture_forks"] == forks + 1
     assert stats["capture_joins"] == joins + 1   # side_out's write, joined back at the end
