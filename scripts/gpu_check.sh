@@ -8,8 +8,9 @@
 # part of the build), setuptools; pytest for the test step. No internet: nothing is downloaded
 # (pip runs with --no-build-isolation --no-deps).
 #
-# Files written to $OUT (12): summary.txt, env.log, build.log, pytest_gpu.log (the GPU tests,
-# including the automatic-synchronization twins, NCCL on comm streams and the CUDA-sanitizer
+# Files written to $OUT (12): summary.txt, env.log, build.log, pytest_gpu.log (every GPU-marked
+# test: the automatic-synchronization twins, CUDA graph capture inside and across pipelines and
+# reduce-overhead compiles (test_capture_gpu.py), NCCL on comm streams and the CUDA-sanitizer
 # runs), bench_context.log, bench_submit.log, bench_tracking.log, bench_allocator.log, bench_lanes.log,
 # async_logging.log, multi_branch.log, overlap_allreduce.log. Every step runs under `timeout`,
 # within a total budget (GPU_CHECK_BUDGET_S, default 600 s); a failing step does not stop the

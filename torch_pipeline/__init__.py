@@ -42,6 +42,7 @@ from ._C import (
 )
 from . import _compiled  # noqa: F401  (tracks torch.compile's regions as ops)
 from . import _exit  # noqa: F401  (registers the interpreter-exit handler)
+from . import _graphs  # noqa: F401  (graph capture: hooks installed at the first Pipeline)
 from ._collectives import collective, comm_stream
 from ._decorators import pipelined
 from ._lanes import carry, item_async, offload, prefetch

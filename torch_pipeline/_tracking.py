@@ -33,6 +33,13 @@ def tracking_stats() -> Dict[str, Any]:
     * ``compiled_regions`` -- calls of ``torch.compile``'d code (AOTAutograd's forward, backward
       and inference) tracked as one op each; ``compiled_unwrapped`` -- compiled regions in which
       nothing could be tracked (warned about once)
+    * ``captures`` -- graph captures seen (``torch.cuda.graph``, CUDA graph trees, the sim twin);
+      ``captures_underway`` -- of those, underway *now* (the tracker queries no device meanwhile);
+      ``polls_paused`` -- keep-alive polls and host waits skipped because a capture was underway
+    * ``capture_forks`` / ``capture_joins`` -- side pipelines' streams forked into a capture at
+      their first op there, and joined back at its end because nothing had waited for them
+    * ``capture_kept`` -- storages kept alive for the lifetime of a captured graph;
+      ``graph_replays`` -- replays ordered like one op on the replaying stream
 
     Example::
 

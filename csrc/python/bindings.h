@@ -10,6 +10,8 @@ namespace python {
 void bind_pipelines(pybind11::module_& m);
 // PipelineEvent, task futures, communication streams, tracking, settings (runtime_bindings.cpp).
 void bind_runtime(pybind11::module_& m);
+// Graph capture hooks, captured graphs and their replays (capture_bindings.cpp).
+void bind_capture(pybind11::module_& m);
 
 }  // namespace python
 }  // namespace torch_pipeline

@@ -19,6 +19,8 @@ namespace {
 py::object* g_decorate = nullptr;
 py::object* g_work_hooks_installer = nullptr;
 std::atomic<bool> g_work_hooks_installed{false};
+py::object* g_graph_hooks_installer = nullptr;
+std::atomic<bool> g_graph_hooks_installed{false};
 
 }  // namespace
 
@@ -138,6 +140,20 @@ py::object decorate(py::handle pipeline, py::handle fn) {
 void set_work_hooks_installer(py::object fn) {
   TORCH_INTERNAL_ASSERT(g_work_hooks_installer == nullptr, "work hooks installer set twice");
   g_work_hooks_installer = new py::object(std::move(fn));
+}
+
+void set_graph_hooks_installer(py::object fn) {
+  TORCH_INTERNAL_ASSERT(g_graph_hooks_installer == nullptr, "graph hooks installer set twice");
+  g_graph_hooks_installer = new py::object(std::move(fn));
+}
+
+void note_pipeline_created() {
+  if (g_graph_hooks_installed.load(std::memory_order_acquire) ||
+      g_graph_hooks_installer == nullptr) {
+    return;
+  }
+  (*g_graph_hooks_installer)();
+  g_graph_hooks_installed.store(true, std::memory_order_release);
 }
 
 void note_distributed_use() {

@@ -50,6 +50,10 @@ pybind11::object decorate(pybind11::handle pipeline, pybind11::handle fn);
 // Pipeline creation and submit) until it has returned True.
 void set_work_hooks_installer(pybind11::object fn);
 void note_distributed_use();
+// torch_pipeline._graphs.install_cuda_graph_hooks(): wraps torch.cuda.CUDAGraph's capture and
+// replay methods. note_pipeline_created() calls it once, at the first Pipeline made.
+void set_graph_hooks_installer(pybind11::object fn);
+void note_pipeline_created();
 
 }  // namespace python
 }  // namespace torch_pipeline

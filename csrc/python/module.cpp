@@ -44,5 +44,6 @@ PYBIND11_MODULE(_C, m) {
 
   python::bind_pipelines(m);
   python::bind_runtime(m);
+  python::bind_capture(m);
   python::init_sim_bindings(m);
 }

@@ -152,6 +152,7 @@ method raises RuntimeError (its worker thread and streams do not exist there).
         PipelinePtr p =
             Runtime::get().create_pipeline(to_worker_id(worker_thread), static_cast<int>(*pr));
         note_distributed_use();
+        note_pipeline_created();
         return p;
       }), py::arg("worker_thread") = py::none(), py::kw_only(), py::arg("priority") = 0,
          Warnings())

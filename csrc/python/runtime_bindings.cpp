@@ -95,6 +95,7 @@ device); both need enable_timing=True.
   m.def("_set_future_class", &set_future_class);
   m.def("_set_decorate", &set_decorate);
   m.def("_set_work_hooks_installer", &set_work_hooks_installer);
+  m.def("_set_graph_hooks_installer", &set_graph_hooks_installer);
   m.def("_shutdown", &shutdown, py::arg("timeout_s") = -1.0);
   m.def("_refresh_accelerator", &refresh_accelerator);
   m.def("_current_accelerator_device", []() -> py::object {
@@ -210,6 +211,13 @@ device); both need enable_timing=True.
     d["compiled_regions"] = s.compiled_regions;
     d["compiled_unwrapped"] = s.compiled_unwrapped;
     d["gaps"] = s.gaps;
+    d["captures"] = s.captures;
+    d["captures_underway"] = s.captures_underway;
+    d["capture_forks"] = s.capture_forks;
+    d["capture_joins"] = s.capture_joins;
+    d["capture_kept"] = s.capture_kept;
+    d["graph_replays"] = s.graph_replays;
+    d["polls_paused"] = s.polls_paused;
     py::list gap_ops;
     for (const std::string& name : s.gap_ops) {
       gap_ops.append(py::str(name));

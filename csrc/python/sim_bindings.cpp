@@ -1,6 +1,7 @@
 #include "sim_bindings.h"
 
 #include "../runtime/op_facts.h"
+#include "../sim/capture.h"
 #include "../sim/executor.h"
 #include "../sim/latency.h"
 #include "../sim/sim.h"
@@ -200,6 +201,15 @@ streams and the memory.
     d["host_sync"] = host_sync_ops();
     return d;
   });
+  // The capture twin (csrc/sim/capture.h).
+  py::class_<sim::Graph, std::shared_ptr<sim::Graph>>(m, "_SimGraph")
+      .def("replay", &sim::Graph::replay, py::arg("stream"))
+      .def_property_readonly("accesses", &sim::Graph::accesses);
+  m.def("_sim_begin_capture", &sim::begin_capture, py::arg("stream"));
+  m.def("_sim_end_capture", &sim::end_capture, py::arg("stream"));
+  m.def("_sim_capture_of", [](const c10::Stream& s) {
+    return sim::capture_of(sim::State::get().timeline(s));
+  }, py::arg("stream"));
 }
 
 }  // namespace python

@@ -99,6 +99,13 @@ struct Stats {
   std::vector<std::string> gap_ops;  // their operator names (each warned about once)
   uint64_t compiled_regions = 0;     // compiled-region calls tracked as one op (CompiledRegion)
   uint64_t compiled_unwrapped = 0;   // compiled regions that ran without one (warned about once)
+  uint64_t captures = 0;        // graph captures seen (begun through the hooks or detected)
+  uint64_t captures_underway = 0;  // of those, underway now (device queries paused meanwhile)
+  uint64_t capture_forks = 0;   // streams forked into a capture (a side pipeline's first op in it)
+  uint64_t capture_joins = 0;   // streams joined back at a capture's end (their work unwaited for)
+  uint64_t capture_kept = 0;    // storages kept alive for the lifetime of captured graphs
+  uint64_t graph_replays = 0;   // replays of captured graphs ordered like one op
+  uint64_t polls_paused = 0;    // keep-alive polls and host waits skipped while a capture was underway
 };
 Stats stats();
 
@@ -181,6 +188,76 @@ class CompiledRegion {
   std::vector<PendingKeepAlive> keep_alive_;
   std::vector<at::Tensor> fresh_;
 };
+
+// ---- Graph capture (docs/design.md §4 "Graph capture") ----------------------------------------
+// The Python layer calls these around a capture's begin and end on the capturing thread
+// (torch.cuda.CUDAGraph.capture_begin / capture_end, and sim.Graph's). While a capture is
+// underway no event or stream is queried or synchronized by the tracker (polls pause, in every
+// thread); the ops the capturing thread launches are captured: the waits inserted between them
+// are captured event record + wait edges, a stream outside the capture (a side pipeline's) is
+// forked into it at its first op, and nothing waits for work outside the capture (each replay is
+// ordered instead). They do nothing while the test switch set_capture_aware(false) is set.
+//
+// Before the device begins the capture on the calling thread's current stream: polls pause and
+// the thread's run on its streams gets its event (outside the capture). capture_begun() after it
+// registers the capture `stream` now captures into (nothing if it is not capturing);
+// capture_abandoned() undoes capture_prepare() when the begin failed.
+void capture_prepare();
+void capture_begun(const c10::Stream& stream);
+void capture_abandoned();
+
+// What a captured graph keeps (the Python layer attaches it to the graph object): the storages
+// that existed before the capture or were used in it off their allocation stream, alive for the
+// graph's lifetime (until it is dropped or reset), and weak references to everything it touches,
+// so that each replay is ordered like one op on the replaying stream (GraphReplay).
+class CapturedGraph {
+ public:
+  struct Impl;
+  explicit CapturedGraph(std::unique_ptr<Impl> impl);
+  ~CapturedGraph();
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  size_t kept() const;  // storages kept alive
+  void reset();         // the graph was reset: nothing is kept
+  const Impl& impl() const { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Before the capture's end on the calling thread: joins back the streams (side pipelines') whose
+// captured work the capturing stream was not made to wait for (the origin waits for each, a
+// captured edge), so that the device can end the capture (CUDA would fail it with
+// cudaErrorStreamCaptureUnjoined) and each replay covers the side work too. Returns what it
+// joined ("pipeline (worker thread 0, slot 2) on its stream ..."); empty when nothing was left
+// unjoined, or the thread has no capture.
+std::vector<std::string> capture_join_back();
+// After the end (whether it succeeded or not): the capture is over and polls resume. Returns what
+// the graph keeps; nullptr when the thread had no capture.
+std::shared_ptr<CapturedGraph> capture_ended();
+
+// A replay of a captured graph (CUDAGraph.replay), from construction to close(): one op on the
+// current streams of the graph's devices that reads what the graph read and writes what it wrote
+// (the storages still alive), so the replay waits for their producers on other streams and
+// later users wait for it. No-op while idle.
+class GraphReplay {
+ public:
+  explicit GraphReplay(const CapturedGraph& graph);
+  ~GraphReplay();  // close()
+  void close();
+  GraphReplay(const GraphReplay&) = delete;
+  GraphReplay& operator=(const GraphReplay&) = delete;
+
+ private:
+  uint64_t period_ = 0;
+  std::vector<at::Tensor> tensors_;
+  std::vector<Launched> launched_;
+  std::vector<PendingKeepAlive> keep_alive_;
+};
+
+// Test switch: with aware == false the tracker ignores captures (the behaviour before it knew of
+// them: polls do not pause, captured ops are tracked as run), so tests show what goes wrong.
+void set_capture_aware(bool aware);
 
 // The tensors of a submitted task (docs/design.md §3): until release(), a write to their storages
 // from a thread other than the task's worker thread waits for release(). Keeps tracking live.

@@ -1,4 +1,5 @@
 // enable(): registers the sim backend with c10, ATen and the dispatcher, once per process.
+#include "capture.h"
 #include "allocator.h"
 #include "executor.h"
 #include "fork.h"
@@ -48,6 +49,7 @@ void after_fork() {  // in the parent and in the child
 }
 
 void after_fork_in_child() {
+  reset_captures_in_child();
   reset_executors_in_child();  // under the registry's lock, still held
   after_fork();
 }
@@ -149,6 +151,7 @@ void enable(int n, bool strict) {
 
   st.set_strict(strict);
   register_fork_handlers();  // before the devices exist: no thread uses them yet
+  register_capture_probe();
   st.init_devices(n);
   c10::impl::registerDeviceGuard(kSim, make_guard_impl());
   c10::SetAllocator(kSim, device_allocator());

@@ -2,6 +2,7 @@
 // events. An event is a snapshot of a stream's vector clock (race_checker.h) and, in asynchronous
 // mode, a marker queued on the stream (executor.h): it is complete once the stream ran it.
 #include "allocator.h"
+#include "capture.h"
 #include "executor.h"
 #include "fork.h"
 #include "state.h"
@@ -32,6 +33,7 @@ struct SimEvent {
     c10::DeviceIndex device = -1;
     Timeline timeline = -1;
     uint64_t position = 0;  // the marker's position in the stream's queue (0: synchronous)
+    core::CaptureId capture = core::kNoCapture;  // recorded in this capture (capture.h)
     // When the marker ran (steady clock, ns): the device time of the event.
     std::shared_ptr<std::atomic<int64_t>> time_ns;
   };
@@ -131,7 +133,9 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
                       std::chrono::steady_clock::now().time_since_epoch())
                       .count());
     });
-    r.clock = State::get().checker().snapshot(t);
+    if (!captured_snapshot(t, r.capture, r.clock)) {
+      r.clock = State::get().checker().snapshot(t);
+    }
     r.recorded = true;
     r.device = stream.device_index();
     r.timeline = t;
@@ -145,7 +149,9 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     if (!r.recorded) {
       return;  // never recorded: nothing to wait for
     }
-    State::get().checker().join(t, r.clock);
+    if (!captured_wait(t, r.capture, r.clock)) {  // (else a capture's edge, joined there)
+      State::get().checker().join(t, r.clock);
+    }
     stream_wait(t, r.timeline, r.position);
     if (trace::on()) {  // an arrow from the event's stream to the waiter, once the wait is over
       const Timeline from = r.timeline;
@@ -158,6 +164,7 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   bool queryEvent(void* event) const override {
+    check_not_capturing("an event query");
     auto* e = static_cast<SimEvent*>(event);
     const SimEvent::Recorded r = e != nullptr ? e->get() : SimEvent::Recorded{};
     if (!r.recorded) {
@@ -175,6 +182,7 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   bool queryStream(const c10::Stream& stream) const override {
+    check_not_capturing("a stream query");
     const Timeline t = State::get().timeline(stream);
     if (!stream_reached(t, stream_position(t))) {
       return false;
@@ -188,6 +196,7 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   void synchronizeEvent(void* event) const override {
+    check_not_capturing("an event synchronize");
     auto* e = static_cast<SimEvent*>(event);
     const SimEvent::Recorded r = e != nullptr ? e->get() : SimEvent::Recorded{};
     if (r.recorded) {
@@ -205,6 +214,7 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   double elapsedTime(void* event1, void* event2, const c10::DeviceIndex) const override {
+    check_not_capturing("elapsed_time");
     auto* a = static_cast<SimEvent*>(event1);
     auto* b = static_cast<SimEvent*>(event2);
     const SimEvent::Recorded ra = a != nullptr ? a->get() : SimEvent::Recorded{};

@@ -246,6 +246,11 @@ std::vector<Race> RaceChecker::races() const {
   return races_;
 }
 
+void RaceChecker::note_races(const std::vector<Race>& found) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  races_.insert(races_.end(), found.begin(), found.end());
+}
+
 void RaceChecker::clear_races() {
   std::lock_guard<std::mutex> lock(mutex_);
   races_.clear();

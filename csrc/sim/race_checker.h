@@ -93,6 +93,8 @@ class RaceChecker {
 
   std::vector<Race> races() const;
   void clear_races();
+  // Adds races found elsewhere (by a capture's own checker, capture.h) to races().
+  void note_races(const std::vector<Race>& found);
 
   // fork(): the forking thread holds the checker's lock around fork(), so that the child (where
   // only that thread exists) finds it free and the history consistent. Nothing else in between.

@@ -2,6 +2,7 @@
 // recorder. A stream is a race checker timeline, and stream/event operations move vector clocks
 // (race_checker.h); in asynchronous mode they also order the streams' queues (executor.h). Events
 // and the DeviceGuardImpl are in guard.cpp.
+#include "capture.h"
 #include "allocator.h"
 #include "executor.h"
 #include "host.h"
@@ -181,6 +182,9 @@ void throw_races(const std::vector<Race>& races) {
 }
 
 void record(Timeline t, const std::string& op, const std::vector<Access>& accesses) {
+  if (record_captured(t, op, accesses)) {
+    return;  // captured: checked against its capture only
+  }
   State& st = State::get();
   std::vector<Race> found = st.checker().record_op(t, op, accesses);
   if (!found.empty() && st.strict()) {
@@ -189,6 +193,8 @@ void record(Timeline t, const std::string& op, const std::vector<Access>& access
 }
 
 void host_sync(Timeline t) {
+  check_not_capturing("a host synchronization (stream or device synchronize, a blocking copy to "
+                      "the host, .item())");
   host_wait(t);  // asynchronous mode: what t has queued runs first
   State::get().checker().join_timeline(kHost, t);
   prune_async_host_accesses();

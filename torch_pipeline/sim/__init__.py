@@ -52,9 +52,11 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 
 from .. import _C
+from ._graph import Graph, graph
 from ._trace import trace
 
 __all__ = [
+    "Graph",
     "Race",
     "RaceError",
     "clear_latency",
@@ -63,6 +65,7 @@ __all__ = [
     "current_stream",
     "device_count",
     "enable",
+    "graph",
     "is_available",
     "is_asynchronous",
     "is_enabled",

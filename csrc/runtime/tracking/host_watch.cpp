@@ -3,6 +3,8 @@
 // StorageData::host_watched, g_host_watch, and host positions of the core tracker.
 #include "host_watch.h"
 
+#include "../capture.h"
+#include "../warn.h"
 #include "storages.h"
 #include "streams.h"
 
@@ -57,6 +59,17 @@ void host_access(const std::vector<Access>& cpu, std::vector<StorageId>& reads,
     }
     position = launch.position;
     period = st.period;
+  }
+  if (!events.empty() && !may_query_device()) {
+    // A graph capture is underway: no synchronization is allowed in the process, so the copy is
+    // not waited for (nor known complete).
+    count(g_counters.polls_paused);
+    warn_once("host wait during capture",
+              "a CPU op touches memory that a non_blocking copy reads or writes while a graph "
+              "capture is underway, when no device synchronization is allowed: it was not "
+              "waited for, so it may see the memory before the copy has run. Touch it after "
+              "the capture ends.");
+    return;
   }
   for (const auto& ev : events) {
     ev->synchronize();

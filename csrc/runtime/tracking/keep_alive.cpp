@@ -3,6 +3,7 @@
 // LiveState::kept_alive / launches_since_poll, StorageEntry::recorded, and events via streams.h.
 #include "keep_alive.h"
 
+#include "../capture.h"
 #include "../settings.h"
 #include "storages.h"
 #include "streams.h"
@@ -97,10 +98,15 @@ void maybe_poll_locked(LiveState& st, std::vector<c10::Storage>& released) {
 }
 
 // Queries the event after the oldest kept use of each stream (and the newest, first); records one
-// if the stream has none after it.
+// if the stream has none after it. Nothing while a graph capture is underway in the process
+// (docs/design.md §4 "Graph capture"): the kept storages wait for the next poll after it.
 void poll_locked(LiveState& st, std::vector<c10::Storage>& released) {
   st.launches_since_poll = 0;
   if (st.kept_alive == 0) {
+    return;
+  }
+  if (!may_query_device()) {
+    count(g_counters.polls_paused);  // a graph capture is underway: no event may be queried
     return;
   }
   const size_t before = released.size();

@@ -3,6 +3,7 @@
 // host-watch rooms, and the launch/wait/event counters.
 #include "launch.h"
 
+#include "capture.h"
 #include "host_watch.h"
 #include "keep_alive.h"
 #include "storages.h"
@@ -47,7 +48,7 @@ ThreadRun& thread_run() {
 void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool async,
                    std::vector<Launched>& launched, uint64_t& period,
                    std::optional<c10::Device> target) {
-  LiveState& st = state();
+  LiveState& main = state();
   // The devices, in order of first appearance (a copy to `target` runs there).
   auto& devices = run.devices;
   devices.clear();
@@ -61,14 +62,22 @@ void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool asy
     }
   }
   const bool keep_alive = keeping_alive();
+  // During a graph capture the op is captured: it launches in the capture's own state.
+  const WorldPtr world = world_for_launch(devices);
+  LiveState& st = world ? world->st : main;
   std::vector<c10::Storage> released;  // dropped after the lock (declared before it)
   std::lock_guard<std::mutex> lock(st.mutex);
   period = st.period;
-  maybe_poll_locked(st, released);
+  if (!world) {
+    maybe_poll_locked(st, released);
+  }
   for (size_t di = 0; di < devices.size(); ++di) {
     const c10::Device device = devices[di];
     const c10::Stream stream = c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
     StreamEntry& se = acquire_stream_locked(st, stream);
+    if (world) {
+      join_world_locked(*world, se);
+    }
     auto& reads = run.reads;
     auto& writes = run.writes;
     reads.clear();
@@ -82,7 +91,9 @@ void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool asy
       const c10::Storage& storage = a.tensor->storage();
       StorageEntry& e = acquire_storage_locked(st, storage);
       define_pending_locked(st, e);
-      if (cpu_here) {
+      if (world) {
+        capture_use_locked(*world, e, se, storage, a.write);  // (kept for the graph's lifetime)
+      } else if (cpu_here) {
         watch_locked(e);
       } else {
         protect_use_locked(e, se, storage, keep_alive, run.keep_alive);
@@ -107,15 +118,40 @@ void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool asy
     wait_events.clear();
     count(g_counters.launches);
     count(g_counters.waits, launch.waits.size());
-    if (!launch.waits.empty()) {
+    if (world) {
+      world->ledger.launched(se.id, launch.position.seq);
+    } else if (!launch.waits.empty()) {
       release_ordered_locked(st, se, launch.waits, released);
     }
     launched.push_back(Launched{stream, se.id, launch.position.seq});
   }
 }
 
+namespace {
+// The state an op launched in (period: its launch's; 0: none yet, then the world of `devices`):
+// the main one, a capture's (held by `world`), or nullptr once that capture has ended.
+LiveState* launch_state(uint64_t period, WorldPtr& world, const std::vector<c10::Device>& devices) {
+  if (is_capture_period(period)) {
+    world = world_of_period(period);
+    return world ? &world->st : nullptr;
+  }
+  if (period == 0 && !devices.empty()) {
+    world = world_for_launch(devices);
+    if (world) {
+      return &world->st;
+    }
+  }
+  return &state();
+}
+}  // namespace
+
 void settle(const std::vector<Launched>& launched, uint64_t period) {
-  LiveState& st = state();
+  WorldPtr world;
+  LiveState* st_or_null = launch_state(period, world, {});
+  if (st_or_null == nullptr) {
+    return;
+  }
+  LiveState& st = *st_or_null;
   std::lock_guard<std::mutex> lock(st.mutex);
   if (st.period == period) {
     settle_locked(st, launched);
@@ -124,7 +160,21 @@ void settle(const std::vector<Launched>& launched, uint64_t period) {
 
 void finish(ThreadRun& run, std::vector<Launched>& launched, uint64_t period,
             const std::vector<at::Tensor>* fresh, bool async) {
-  LiveState& st = state();
+  WorldPtr world;
+  std::vector<c10::Device> factory_devices;  // (a factory: where its outputs are)
+  if (period == 0 && fresh != nullptr) {
+    for (const at::Tensor& out : *fresh) {
+      if (!out.device().is_cpu()) {
+        factory_devices.push_back(out.device());
+      }
+    }
+  }
+  LiveState* st_or_null = launch_state(period, world, factory_devices);
+  if (st_or_null == nullptr) {
+    record_instead(run.keep_alive);  // the capture it launched in has ended
+    return;
+  }
+  LiveState& st = *st_or_null;
   std::lock_guard<std::mutex> lock(st.mutex);
   if (period != 0 && st.period != period) {
     record_instead(run.keep_alive);  // tracking went idle (and maybe live again) since the launch
@@ -151,14 +201,26 @@ void finish(ThreadRun& run, std::vector<Launched>& launched, uint64_t period,
           // A factory (no input on this device): the op ran on the device's current stream.
           const c10::Stream stream = c10::impl::getDeviceGuardImpl(d.type())->getStream(d);
           StreamEntry& se = acquire_stream_locked(st, stream);
+          if (world) {
+            join_world_locked(*world, se);
+          }
           end_run_locked(run, st, se.id);
           const auto launch = st.tracker->launch(se.id, {}, {});
           se.log.note_launched(launch.position.seq);  // (launched already: the op has run)
+          if (world) {
+            world->ledger.launched(se.id, launch.position.seq);
+          }
           count(g_counters.launches);
           launched.push_back(Launched{stream, se.id, launch.position.seq});
         }
       }
       const Position definition{launched[g].id, launched[g].seq};
+      if (world) {
+        capture_output_locked(*world, out.storage());  // written by the graph
+        if (d.is_cpu()) {
+          continue;  // (host memory is not watched for a capture: the copy runs at replays)
+        }
+      }
       if (!d.is_cpu()) {
         add_young_locked(st, out.storage(), definition);
         continue;

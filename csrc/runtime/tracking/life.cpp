@@ -5,6 +5,7 @@
 #include "life.h"
 
 #include "../../core/live_switch.h"
+#include "capture.h"
 #include "host_watch.h"
 #include "keep_alive.h"
 #include "observer.h"
@@ -96,7 +97,11 @@ void go_idle() {
 core::LiveSwitch& live_switch() {
   static auto* sw = new core::LiveSwitch(core::LiveSwitch::Actions{
       [] {
-        return g_enabled.load() && (g_pipelines.load() > 0 || g_pins.load() > 0);
+        // A graph capture underway keeps tracking live (going idle would record and wait for
+        // events on capturing streams), but does not make it go live.
+        return g_enabled.load() &&
+            (g_pipelines.load() > 0 || g_pins.load() > 0 ||
+             (captures_underway() > 0 && g_live.load()));
       },
       &go_live, &go_idle});
   return *sw;
@@ -128,6 +133,7 @@ void after_fork_in_child() {
     g_callback.reset();
   }
   replace_state_after_fork();
+  reset_captures_after_fork();
   reset_pins_after_fork();
   reset_observer_thread_after_fork();
   live_switch().reset_after_fork();

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <string>
 
+#include "capture.h"
 #include "storages.h"
 
 namespace torch_pipeline {
@@ -117,6 +118,13 @@ Stats stats() {
   s.gaps = g_counters.gaps.load();
   s.compiled_regions = g_counters.compiled_regions.load();
   s.compiled_unwrapped = g_counters.compiled_unwrapped.load();
+  s.captures = g_counters.captures.load();
+  s.capture_forks = g_counters.capture_forks.load();
+  s.capture_joins = g_counters.capture_joins.load();
+  s.capture_kept = g_counters.capture_kept.load();
+  s.graph_replays = g_counters.graph_replays.load();
+  s.polls_paused = g_counters.polls_paused.load();
+  s.captures_underway = captures_underway();
   s.gap_ops = gap_ops();
   LiveState& st = state();
   std::lock_guard<std::mutex> lock(st.mutex);

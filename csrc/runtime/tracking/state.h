@@ -15,6 +15,9 @@
 //   host_watch.*    CPU memory of non_blocking copies
 //   collectives.cpp async collectives (work_waited)
 //   track_scope.cpp tp.track (TrackScope)
+//   compiled.cpp    compiled regions (CompiledRegion)
+//   capture.*       graph capture: captures underway (each a LiveState of its own), the hooks
+//                   around a capture's begin and end, captured graphs and their replays
 #pragma once
 
 #include "../tracking.h"
@@ -58,7 +61,8 @@ extern std::atomic<int64_t> g_host_watch;  // watched CPU storages, not swept
 struct Counters {
   std::atomic<uint64_t> ops{0}, launches{0}, waits{0}, events{0}, host_waits{0},
       record_streams{0}, pin_waits{0}, keep_alives{0}, released{0}, unclaimed{0}, gaps{0},
-      compiled_regions{0}, compiled_unwrapped{0};
+      compiled_regions{0}, compiled_unwrapped{0}, captures{0}, capture_forks{0}, capture_joins{0}, capture_kept{0},
+      graph_replays{0}, polls_paused{0};
 };
 extern Counters g_counters;
 inline void count(std::atomic<uint64_t>& c, uint64_t n = 1) {

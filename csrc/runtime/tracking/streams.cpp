@@ -2,6 +2,7 @@
 // barrier of a live period, and external waits (which can end keep-alives, through keep_alive.h).
 // Touches the stream parts of LiveState.
 #include "streams.h"
+#include "capture.h"
 #include "keep_alive.h"
 
 #include "../devices.h"
@@ -78,6 +79,9 @@ void record_baseline_locked(LiveState& st) {
   for (const c10::Device& d : initialized_accelerator_devices()) {
     const auto* impl = guard_impl(d.type());
     for (const c10::Stream& s : {impl->getStream(d), impl->getDefaultStream(d)}) {
+      if (capture_aware() && capture_of(s) != core::kNoCapture) {
+        continue;  // (capturing: an event recorded there would be part of the graph)
+      }
       const bool seen = std::any_of(st.baseline.begin(), st.baseline.end(),
                                     [&](const auto& b) { return b.first == s; });
       if (!seen) {
@@ -120,7 +124,8 @@ Mark mark(const c10::Stream& stream) {
   if (!live()) {
     return Mark{};
   }
-  LiveState& st = state();
+  const WorldPtr world = world_of_stream(stream);  // capturing: a position in its capture
+  LiveState& st = world ? world->st : state();
   std::lock_guard<std::mutex> lock(st.mutex);
   const auto it = st.streams.find(stream);
   if (it == st.streams.end()) {
@@ -133,6 +138,23 @@ void waited(const c10::Stream& waiter, const Mark& m) {
   using namespace detail;
   if (m.seq == 0 || !live()) {
     return;
+  }
+  if (is_capture_period(m.period)) {
+    // A wait for an event recorded in a capture: the waiter captures into it from now on.
+    const WorldPtr world = world_of_period(m.period);
+    if (!world) {
+      return;
+    }
+    std::lock_guard<std::mutex> lock(world->st.mutex);
+    StreamEntry& w = acquire_stream_locked(world->st, waiter);
+    world->ledger.join(w.id);
+    if (w.id != m.stream) {
+      world->st.tracker->waited(w.id, Position{m.stream, m.seq});
+    }
+    return;
+  }
+  if (world_of_stream(waiter)) {
+    return;  // a capturing stream: positions outside its capture mean nothing to what it captures
   }
   LiveState& st = state();
   std::vector<c10::Storage> released;  // dropped after the lock (declared before it)
