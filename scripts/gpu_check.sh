@@ -8,11 +8,11 @@
 # part of the build), setuptools; pytest for the test step. No internet: nothing is downloaded
 # (pip runs with --no-build-isolation --no-deps).
 #
-# Files written to $OUT (12): summary.txt, env.log, build.log, pytest_gpu.log (every GPU-marked
+# Files written to $OUT (13): summary.txt, env.log, build.log, pytest_gpu.log (every GPU-marked
 # test: the automatic-synchronization twins, CUDA graph capture inside and across pipelines and
 # reduce-overhead compiles (test_capture_gpu.py), NCCL on comm streams and the CUDA-sanitizer
 # runs), bench_context.log, bench_submit.log, bench_tracking.log, bench_allocator.log, bench_lanes.log,
-# async_logging.log, multi_branch.log, overlap_allreduce.log. Every step runs under `timeout`,
+# bench_compile.log, async_logging.log, multi_branch.log, overlap_allreduce.log. Every step runs under `timeout`,
 # within a total budget (GPU_CHECK_BUDGET_S, default 600 s); a failing step does not stop the
 # script, its exit status is
 # recorded in the summary, and the script exits 1 if any step failed (2 if the setup itself failed).
@@ -160,13 +160,15 @@ if [ "$BUILD_RC" -eq 0 ]; then
   run_step bench_allocator bench_allocator.log 60 "$PYTHON" bench/bench_allocator.py
   # shellcheck disable=SC2086
   run_step bench_lanes bench_lanes.log 90 "$PYTHON" bench/bench_lanes.py --device cuda --quick $BENCH_FLAGS
+  # shellcheck disable=SC2086
+  run_step bench_compile bench_compile.log 150 "$PYTHON" bench/bench_compile.py --device cuda --quick $BENCH_FLAGS
   run_step async_logging async_logging.log 90 "$PYTHON" examples/async_logging.py
   run_step multi_branch multi_branch.log 90 "$PYTHON" examples/multi_branch.py
   # NCCL needs a GPU per rank: as many ranks as GPUs (at least one).
   run_step overlap_allreduce overlap_allreduce.log 120 "$PYTHON" examples/overlap_allreduce.py \
     --device cuda --nproc "$("$PYTHON" -c 'import torch; print(max(1, torch.cuda.device_count()))')"
 else
-  for s in pytest-gpu bench_context bench_submit bench_tracking bench_allocator bench_lanes async_logging multi_branch overlap_allreduce; do
+  for s in pytest-gpu bench_context bench_submit bench_tracking bench_allocator bench_lanes bench_compile async_logging multi_branch overlap_allreduce; do
     STEP_LINES+=("$(printf '%-16s SKIPPED (build failed)' "$s")")
   done
   FAILED=1
@@ -184,10 +186,10 @@ fi
     grep -q "exit status 5 " "$OUT_DIR/pytest_gpu.log" && echo "  (exit status 5: no test was collected with -m gpu)"
     grep -E "^(FAILED|ERROR) " "$OUT_DIR/pytest_gpu.log" | head -n 20 | sed 's/^/  /'
   fi
-  for b in bench_context bench_submit bench_tracking bench_lanes; do
+  for b in bench_context bench_submit bench_tracking bench_lanes bench_compile; do
     [ -f "$OUT_DIR/$b.log" ] || continue
     echo "$b:"
-    grep -E "^(PASS|FAIL)  |^ratio |^variant |^\[|^  peak |^(tp|with p|nullcontext|torch\.|executor|empty|idle|live|not imported|batch|no logging|loss|keep|save_on_cpu)" "$OUT_DIR/$b.log" | sed 's/^/  /'
+    grep -E "^(PASS|FAIL)  |^ratio |^variant |^\[|^  peak |^SKIP  |^compiled regions|^(tp|with p|nullcontext|torch\.|executor|empty|idle|live|not imported|batch|no logging|loss|keep|save_on_cpu|default pipeline|two pipelines|outside|inside p)" "$OUT_DIR/$b.log" | sed 's/^/  /'
   done
   if [ -f "$OUT_DIR/async_logging.log" ]; then
     echo "async_logging:"
