@@ -118,6 +118,7 @@ OpFacts compute(const c10::FunctionSchema& s) {
   bool host_values = !s.returns().empty();  // every return is a host value
   for (const auto& ret : s.returns()) {
     const auto* ai = ret.alias_info();
+    f.aliased_return.push_back(ai != nullptr ? 1 : 0);
     if (ai == nullptr || alias_is_write(ai)) {
       all_views = false;
     }

@@ -167,10 +167,29 @@ def write_after_write(p: "tp.Pipeline") -> "torch.Tensor":
     return x
 
 
+def read_through_its_storage(p: "tp.Pipeline") -> "torch.Tensor":
+    x = ones()
+    y = x * 3                  # written on the default stream, late
+    with tp.pipeline(p):       # the same memory, reached through its Storage (torch.load does it)
+        alias = torch.empty(0, device="sim:0").set_(y.untyped_storage())
+        return alias + 1       # read on p's stream
+
+
+def write_through_its_storage(p: "tp.Pipeline") -> Tuple["torch.Tensor", "torch.Tensor"]:
+    x = ones()
+    torch.accelerator.synchronize()
+    with tp.pipeline(p):
+        a = x * 2              # reads x on p's stream, late
+    x.untyped_storage().fill_(0)   # written on the default stream (set_ and fill_ inside)
+    return a, x
+
+
 PROGRAMS = {
     "read_after_write": (read_after_write, "aten::mul.out"),
     "write_after_read": (write_after_read, "aten::mul.out"),
     "write_after_write": (write_after_write, "aten::mul.out"),
+    "read_through_its_storage": (read_through_its_storage, "aten::mul.out"),
+    "write_through_its_storage": (write_through_its_storage, "aten::mul.out"),
 }
 
 
@@ -315,6 +334,27 @@ def test_a_block_a_task_wrote_goes_back_once_its_future_was_waited() -> None:
         assert buf.sum().item() == float(2 * i * N)
         del buf
     assert sim.races() == []
+
+
+def test_an_out_argument_of_size_zero_is_defined_by_the_op_that_allocates_it() -> None:
+    """torch.cat(out=) into a tensor of size 0 allocates it inside the op on p's stream: it is the
+    op's argument coming back, and yet fresh memory that op wrote, which a reader on another stream
+    must wait for."""
+    p = tp.Pipeline()
+
+    def program() -> "torch.Tensor":
+        a, b = ones(1.0), ones(2.0)
+        out = torch.empty(0, device="sim:0")
+        with tp.pipeline(p):
+            torch.cat([a, b], out=out)     # out's memory allocated and written on p
+        return out.sum()                   # read on the default stream
+
+    assert values(program())[0].item() == 3.0 * N
+    assert sim.races() == []
+    with untracked():
+        program()
+        torch.accelerator.synchronize()
+        assert sim.races(), "the untracked twin did not race"
 
 
 def test_tracked_random_programs_equal_the_synchronous_run() -> None:
