@@ -111,6 +111,13 @@ OpFacts compute(const c10::FunctionSchema& s) {
       f.non_blocking = static_cast<int>(i);
     }
   }
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (f.write[i] != 0 && args[i].name().compare(0, 3, "out") == 0) {
+      f.may_move = true;  // out=, out0=, ...: resized when its size is wrong
+    }
+  }
+  f.may_move |= f.name == "aten::resize_" || f.name == "aten::resize_as_" ||
+      f.name == "aten::_resize_output_";
   if (f.name.compare(0, 6, "c10d::") == 0 && !any_write) {
     any_write = infer_c10d_writes(s, f);
   }

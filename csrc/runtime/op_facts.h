@@ -34,6 +34,10 @@ struct OpFacts {
   // argument, never a fresh output, even when it comes back with another storage than it went in
   // with (set_ from a Storage, which no tensor input shows).
   std::vector<uint8_t> aliased_return;
+  // The op may give a written argument new memory: resize_, resize_as_, and out= ops (they resize
+  // an out argument of the wrong size). Its old block is freed inside the op (allocator safety of
+  // the old block, docs/design.md §4).
+  bool may_move = false;
   // The host waits for the result, like CUDA's .item() or nonzero: an op returning host values
   // (not tensors, not torchbind objects such as a c10d Work), or one listed in op_facts.cpp whose
   // output size depends on the data. Never set for transparent ops. Used by the sim device.

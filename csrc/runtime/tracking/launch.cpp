@@ -97,6 +97,9 @@ void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool asy
         watch_locked(e);
       } else {
         protect_use_locked(e, se, storage, keep_alive, run.keep_alive);
+        if (a.write && a.may_move) {
+          protect_old_block_locked(e, se, storage);
+        }
       }
       (a.write ? writes : reads).push_back(e.id);
     }
@@ -159,7 +162,8 @@ void settle(const std::vector<Launched>& launched, uint64_t period) {
 }
 
 void finish(ThreadRun& run, std::vector<Launched>& launched, uint64_t period,
-            const std::vector<at::Tensor>* fresh, bool async) {
+            const std::vector<at::Tensor>* fresh, bool async,
+            const std::vector<at::Tensor>* moved) {
   WorldPtr world;
   std::vector<c10::Device> factory_devices;  // (a factory: where its outputs are)
   if (period == 0 && fresh != nullptr) {
@@ -181,6 +185,18 @@ void finish(ThreadRun& run, std::vector<Launched>& launched, uint64_t period,
     return;
   }
   settle_locked(st, launched);
+  if (moved != nullptr && !world) {
+    for (const at::Tensor& m : *moved) {
+      for (const Launched& l : launched) {
+        if (l.device() == m.device()) {
+          if (StorageEntry* e = find_storage_locked(st, m.storage().unsafeGetStorageImpl())) {
+            e->moved_to(l.id);  // (else a use off the new home would not be kept alive)
+          }
+          break;
+        }
+      }
+    }
+  }
   if (fresh != nullptr) {
     for (const at::Tensor& out : *fresh) {
       const c10::Device d = out.device();

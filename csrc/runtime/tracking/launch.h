@@ -43,9 +43,12 @@ void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool asy
 void settle(const std::vector<Launched>& launched, uint64_t period);
 // After the op: `fresh` outputs (may be null) get it as their pending definition (a factory's
 // device gets a launch appended to `launched`), keep-alives start, and the run's event is recorded
-// where due. period 0: the current period (nothing was launched before).
+// where due. `moved` (may be null): inputs whose storage the op reallocated (resize_); their new
+// memory was allocated on the op's stream of their device, their new home. period 0: the current
+// period (nothing was launched before).
 void finish(ThreadRun& run, std::vector<Launched>& launched, uint64_t period,
-            const std::vector<at::Tensor>* fresh, bool async);
+            const std::vector<at::Tensor>* fresh, bool async,
+            const std::vector<at::Tensor>* moved = nullptr);
 
 }  // namespace detail
 }  // namespace tracking

@@ -59,6 +59,11 @@ struct Tls {
   std::vector<bool> list_writes;       // ... and their write flags
   std::vector<Access> scratch;
   std::vector<at::Tensor> fresh;
+  // Device tensors the op may give new memory (OpFacts::may_move) and their data before it (owned:
+  // the boxed inputs do not outlive the start callback); those it did reallocate (resize_), whose
+  // storage has a new home.
+  std::vector<std::pair<at::Tensor, const void*>> moving;
+  std::vector<at::Tensor> moved;
   // Storages of written arguments without data (out= tensors of size 0): the op allocates them.
   std::vector<const c10::StorageImpl*> empty_writes;
   // Ops left to the ops they call (tensors without storage, see on_start), innermost last: their
@@ -128,10 +133,10 @@ InputScan scan_inputs(const c10::ArrayRef<c10::IValue>& inputs) {
   return scan;
 }
 
-void add_tensor(const at::Tensor& t, bool write, std::vector<Access>& out,
+void add_tensor(const at::Tensor& t, bool write, bool may_move, std::vector<Access>& out,
                 std::vector<const c10::StorageImpl*>& empty_writes) {
   if (has_data(t)) {
-    out.push_back(Access{&t, write});
+    out.push_back(Access{&t, write, write && may_move});
   } else if (write && t.defined() && t.has_storage()) {
     empty_writes.push_back(t.storage().unsafeGetStorageImpl());  // (an out= tensor of size 0)
   }
@@ -173,6 +178,8 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, bool on_device
   t.accesses.clear();
   t.list_items.clear();
   t.list_writes.clear();
+  t.moving.clear();
+  t.moved.clear();
   t.empty_writes.clear();
   t.async = false;
   t.period = 0;
@@ -192,7 +199,7 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, bool on_device
     const bool w = i < facts.write.size() && facts.write[i] != 0;
     if (inputs[i].isTensor()) {
       // (the IValue lives until the start callbacks have run)
-      add_tensor(inputs[i].toTensor(), w, t.accesses, t.empty_writes);
+      add_tensor(inputs[i].toTensor(), w, facts.may_move, t.accesses, t.empty_writes);
     } else {
       // Tensors inside lists (torch.cat, _foreach_*) are handed out as temporaries: copied.
       for_each_tensor(inputs[i], [&](const at::Tensor& x) {
@@ -202,7 +209,7 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, bool on_device
     }
   }
   for (size_t i = 0; i < t.list_items.size(); ++i) {  // (list_items stopped growing)
-    add_tensor(t.list_items[i], t.list_writes[i], t.accesses, t.empty_writes);
+    add_tensor(t.list_items[i], t.list_writes[i], facts.may_move, t.accesses, t.empty_writes);
   }
   if (t.accesses.empty()) {
     return;  // a factory: its outputs are handled at the end
@@ -210,6 +217,9 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, bool on_device
   for (const Access& a : t.accesses) {
     t.inputs.push_back(a.tensor->storage().unsafeGetStorageImpl());
     any_device |= !a.tensor->device().is_cpu();
+    if (a.may_move && !a.tensor->device().is_cpu()) {
+      t.moving.emplace_back(*a.tensor, a.tensor->storage().data());
+    }
   }
   const bool non_blocking = facts.non_blocking >= 0 &&
       static_cast<size_t>(facts.non_blocking) < inputs.size() &&
@@ -277,10 +287,16 @@ void end_op(const at::RecordFunction& fn, Tls& t) {
   if (t.c10d) {
     note_async_collective(fn, t.accesses);
   }
+  for (const auto& [tensor, data] : t.moving) {
+    if (tensor.storage().data() != data) {
+      t.moved.push_back(tensor);
+    }
+  }
   if (t.launched.empty() && fresh.empty()) {
     return;
   }
-  finish(thread_run(), t.launched, t.period, &fresh, t.async);  // (period 0 for a factory)
+  finish(thread_run(), t.launched, t.period, &fresh, t.async,  // (period 0 for a factory)
+         t.moved.empty() ? nullptr : &t.moved);
 }
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
@@ -345,6 +361,8 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     t.launched.clear();
     t.list_items.clear();
     t.fresh.clear();
+    t.moving.clear();
+    t.moved.clear();
     ThreadRun& run = thread_run();
     if (!run.keep_alive.empty()) {
       record_instead(run.keep_alive);  // (begin_op failed after choosing to keep alive)
