@@ -562,6 +562,30 @@ def test_an_async_collective_is_ready_where_it_was_waited_for() -> None:
     assert sim.races() == []
 
 
+def test_async_collectives_on_tensor_arguments() -> None:
+    """all_gather_into_tensor and reduce_scatter_tensor take their tensors as Tensor arguments, not
+    lists (c10d::_allgather_base_, _reduce_scatter_base_): the Work they return is noted at the
+    op's end, after the boxed arguments are gone (reading them there crashed the process)."""
+    import torch.distributed as dist
+
+    fake_process_group()
+    p, q = tp.Pipeline(), tp.Pipeline()
+    for _ in range(20):
+        with tp.pipeline(p):
+            x = ones(3.0)
+            out = torch.empty(2 * N, device="sim:0")
+        with tp.collective():
+            gathered = dist.all_gather_into_tensor(out, x, async_op=True)
+            scattered = dist.reduce_scatter_tensor(x, out, async_op=True)
+        before = stats()["launches"]
+        with tp.pipeline(q):
+            gathered.wait()             # out, then x, count as written at q's position
+            scattered.wait()
+        assert stats()["launches"] == before + 2
+        (out + 1).sum()                 # (the fake backend writes nothing: values stay)
+    assert sim.races() == []
+
+
 # ---- random programs (tests/python/_programs.py) -------------------------------------------------
 DEVICES = ("sim:0", "sim:1")
 

@@ -51,6 +51,9 @@ struct Tls {
   bool async = false;       // a non_blocking copy: its CPU storages are accessed on the stream
   bool host_only = false;   // the op has nothing on a device and nothing watched: no end work
   bool c10d = false;        // a c10d op (a collective): it may return a Work
+  // The device tensors a c10d op writes, owned: its boxed inputs, which `accesses` point into, are
+  // destroyed once the start callbacks have run, and a Work it returns is noted at its end.
+  std::vector<at::Tensor> c10d_written;
   const OpFacts* facts = nullptr;  // the observed op's
   std::vector<Launched> launched;
   std::vector<const c10::StorageImpl*> inputs;
@@ -181,6 +184,7 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, bool on_device
   t.moving.clear();
   t.moved.clear();
   t.empty_writes.clear();
+  t.c10d_written.clear();
   t.async = false;
   t.period = 0;
   t.c10d = facts.name.compare(0, 6, "c10d::") == 0;
@@ -217,6 +221,9 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, bool on_device
   for (const Access& a : t.accesses) {
     t.inputs.push_back(a.tensor->storage().unsafeGetStorageImpl());
     any_device |= !a.tensor->device().is_cpu();
+    if (t.c10d && a.write && !a.tensor->device().is_cpu()) {
+      t.c10d_written.push_back(*a.tensor);
+    }
     if (a.may_move && !a.tensor->device().is_cpu()) {
       t.moving.emplace_back(*a.tensor, a.tensor->storage().data());
     }
@@ -285,7 +292,7 @@ void end_op(const at::RecordFunction& fn, Tls& t) {
     });
   }
   if (t.c10d) {
-    note_async_collective(fn, t.accesses);
+    note_async_collective(fn, t.c10d_written);
   }
   for (const auto& [tensor, data] : t.moving) {
     if (tensor.storage().data() != data) {
@@ -363,6 +370,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     t.fresh.clear();
     t.moving.clear();
     t.moved.clear();
+    t.c10d_written.clear();
     ThreadRun& run = thread_run();
     if (!run.keep_alive.empty()) {
       record_instead(run.keep_alive);  // (begin_op failed after choosing to keep alive)
