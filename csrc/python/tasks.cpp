@@ -167,6 +167,7 @@ class PyTask final : public core::Task {
   // for the submitter; the end of its device work is recorded before the future completes.
   void run_in_pipeline() {
     ProfilingGuard profiling(profiling_);
+    tracking::TaskPins::Running running(*hold_);  // (its writes, and its tasks', skip its pins)
     PipelineGuard guard(pipeline_);
     sync_->wait_for_submitter(*pipeline_);
     PyObject* result = nullptr;

@@ -260,9 +260,11 @@ class GraphReplay {
 void set_capture_aware(bool aware);
 
 // The tensors of a submitted task (docs/design.md §3): until release(), a write to their storages
-// from a thread other than the task's worker thread waits for release(). Keeps tracking live.
+// from a thread other than the task's worker thread waits for release(), unless it is the task's
+// own work (see Running). Keeps tracking live.
 class TaskPins {
  public:
+  // Made where the task is submitted: a task submitted by a running task inherits its Running set.
   TaskPins(const std::vector<at::Tensor>& tensors, int worker_id);
   ~TaskPins();
   TaskPins(const TaskPins&) = delete;
@@ -272,8 +274,24 @@ class TaskPins {
 
   struct State;
 
+  // While a task runs, on its worker thread: writes of this thread do not wait for the task's own
+  // pins nor for those of the tasks that submitted it, at any depth (its inherited set). A task
+  // that hands its tensors to a task it submits and waits for it would otherwise wait forever: the
+  // inner task's write waited for the outer task's end.
+  class Running {
+   public:
+    explicit Running(const TaskPins& pins);
+    ~Running();
+    Running(const Running&) = delete;
+    Running& operator=(const Running&) = delete;
+
+   private:
+    std::vector<std::shared_ptr<State>> saved_;
+  };
+
  private:
   std::shared_ptr<State> state_;
+  std::vector<std::shared_ptr<State>> inherited_;  // the submitting task's Running set
 };
 
 }  // namespace tracking
