@@ -4,7 +4,7 @@
   nested in containers), without pickling it; ``wait()`` still orders the waiter after the task's
   device work (strict sim raises on any unordered access).
 * Arguments: the tensors passed to ``submit`` are pinned at any depth of lists, tuples
-  (namedtuples), dicts (keys and values) and sets, cycles included: a checkpoint saver submitted
+  (namedtuples), dicts (keys and values), sets and dataclasses, cycles included: a checkpoint saver submitted
   ``opt.state_dict()`` (Adam's ``state[i]["exp_avg"]`` lies four containers down) while the main
   thread keeps training saves the values of the moment of submission.
 
@@ -13,6 +13,7 @@ Runs in a child process of its own (see _sim_child.py): enabling sim is process-
 from __future__ import annotations
 
 import collections
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -146,6 +147,12 @@ def test_saving_model_and_optimizer_state_dicts_while_training() -> None:
 Pair = collections.namedtuple("Pair", ["first", "second"])
 
 
+@dataclasses.dataclass
+class Batch:
+    inputs: Any
+    step: int = 0
+
+
 def _seen_by_a_slow_task(wrap: Callable[["torch.Tensor"], Any],
                          unwrap: Callable[[Any], "torch.Tensor"]) -> float:
     x = torch.ones(N, device="sim:0")
@@ -175,7 +182,8 @@ def _cycle(x: "torch.Tensor") -> List[Any]:
     (lambda x: {"set": {x}}, lambda a: next(iter(a["set"]))),
     (_cycle, lambda a: a[1][1][1][0]),
     (lambda x: torch.nn.Parameter(x, requires_grad=False), lambda a: a),
-], ids=["lists", "namedtuples", "dict-keys", "sets", "cycle", "tensor-subclass"])
+    (lambda x: Batch(Batch([x], 1)), lambda a: a.inputs.inputs[0]),
+], ids=["lists", "namedtuples", "dict-keys", "sets", "cycle", "tensor-subclass", "dataclasses"])
 def test_tensors_at_any_depth_are_pinned(wrap: Any, unwrap: Any) -> None:
     assert _seen_by_a_slow_task(wrap, unwrap) == float(N)
     assert sim.races() == []
