@@ -398,6 +398,38 @@ def test_an_out_argument_of_size_zero_is_defined_by_the_op_that_allocates_it() -
         assert sim.races(), "the untracked twin did not race"
 
 
+def test_storage_resize_frees_and_allocates_like_an_op() -> None:
+    """UntypedStorage.resize_ (FSDP's free_storage / alloc_storage) is no dispatcher op: freeing x's
+    memory while p still reads it, then allocating again on p and reading it on the default
+    stream, must not hand a block out under a pending use."""
+    p = tp.Pipeline()
+    slow("aten::mul.out")
+
+    def program() -> List["torch.Tensor"]:
+        x = ones(1.0)
+        torch.accelerator.synchronize()
+        with tp.pipeline(p):
+            y = x * 2                            # reads x on p, late
+        x.untyped_storage().resize_(0)           # frees it on the default stream
+        z = ones(5.0)                            # the default stream's next block of this size
+        with tp.pipeline(p):
+            x.untyped_storage().resize_(N * 4)   # allocated again, on p's stream
+            x.fill_(3.0)
+        w = x * 2                                # read on the default stream, late
+        del x                                    # back to p's pool ...
+        with tp.pipeline(p):
+            v = ones(-1.0)                       # ... and taken at once
+        return [y, z, w, v]
+
+    got = values(tuple(program()))
+    assert [float(t[0]) for t in got] == [2.0, 5.0, 6.0, -1.0]
+    assert sim.races() == []
+    with untracked():
+        program()
+        torch.accelerator.synchronize()
+        assert sim.races(), "the untracked twin did not race"
+
+
 def test_tracked_random_programs_equal_the_synchronous_run() -> None:
     import random
     rng = random.Random(7)
