@@ -45,6 +45,17 @@ ThreadRun& thread_run() {
   return t_run;
 }
 
+void enter_streams(const std::vector<c10::Device>& devices) {
+  if (devices.empty() || world_for_launch(devices)) {
+    return;  // (a capture's streams live in its own world, which has no baseline)
+  }
+  LiveState& st = state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  for (const c10::Device& d : devices) {
+    acquire_stream_locked(st, c10::impl::getDeviceGuardImpl(d.type())->getStream(d));
+  }
+}
+
 void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool async,
                    std::vector<Launched>& launched, uint64_t& period,
                    std::optional<c10::Device> target) {

@@ -216,7 +216,22 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, bool on_device
     add_tensor(t.list_items[i], t.list_writes[i], facts.may_move, t.accesses, t.empty_writes);
   }
   if (t.accesses.empty()) {
-    return;  // a factory: its outputs are handled at the end
+    // A factory: its outputs are handled at the end; its streams wait for the baseline first.
+    auto& devices = thread_run().devices;
+    devices.clear();
+    for (const c10::IValue& v : inputs) {
+      if (v.isDevice() && !v.toDevice().is_cpu() && !v.toDevice().is_meta()) {
+        c10::Device d = v.toDevice();
+        if (!d.has_index()) {
+          d = c10::Device(d.type(), c10::impl::getDeviceGuardImpl(d.type())->getDevice().index());
+        }
+        if (std::find(devices.begin(), devices.end(), d) == devices.end()) {
+          devices.push_back(d);
+        }
+      }
+    }
+    enter_streams(devices);
+    return;
   }
   for (const Access& a : t.accesses) {
     t.inputs.push_back(a.tensor->storage().unsafeGetStorageImpl());
