@@ -26,7 +26,7 @@ from typing import Any, Callable, List, Optional, TypeVar
 
 import torch
 
-from . import _C
+from . import _C, _storages
 
 __all__: List[str] = []
 
@@ -146,4 +146,10 @@ def install_cuda_graph_hooks() -> None:
         _wrap(cls, "reset", reset_)
 
 
-_C._set_graph_hooks_installer(install_cuda_graph_hooks)
+def _install_first_pipeline_hooks() -> None:
+    """What the first Pipeline installs: the CUDA graph hooks and the storage resize hook."""
+    install_cuda_graph_hooks()
+    _storages.install_storage_hooks()
+
+
+_C._set_graph_hooks_installer(_install_first_pipeline_hooks)

@@ -75,8 +75,13 @@ class StorageTable {
     // A fresh output of the op at `p`, allocated on its stream.
     void define(Position p) {
       pending_definition = p;
-      recorded.reset(p.stream);
-      home = p.stream;
+      moved_to(p.stream);
+    }
+    // Its memory was reallocated on `stream` (resize_): the new block's allocation stream, which
+    // no stream has been recorded on yet. Its accesses stay as they were.
+    void moved_to(StreamId stream) {
+      recorded.reset(stream);
+      home = stream;
     }
   };
   // Receives the entries a sweep dropped (their storages died).

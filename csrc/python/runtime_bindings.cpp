@@ -18,6 +18,7 @@
 #include "../runtime/waits.h"
 
 #include <ATen/record_function.h>
+#include <torch/csrc/Storage.h>
 #include <torch/csrc/jit/api/object.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
@@ -139,6 +140,14 @@ device); both need enable_timing=True.
   py::class_<tracking::TrackScope>(m, "_TrackScope")
       .def(py::init<const std::vector<at::Tensor>&, const std::vector<at::Tensor>&>(),
            py::arg("reads"), py::arg("writes"), py::call_guard<py::gil_scoped_release>());
+  py::class_<tracking::StorageResize>(m, "_StorageResize")
+      .def(py::init([](py::handle storage) {
+             TORCH_CHECK_TYPE(THPStorage_Check(storage.ptr()), "_StorageResize expects a storage");
+             c10::Storage s = THPStorage_Unpack(reinterpret_cast<THPStorage*>(storage.ptr()));
+             py::gil_scoped_release nogil;  // (it may wait for a task pinning the storage)
+             return std::make_unique<tracking::StorageResize>(s);
+           }), py::arg("storage"))
+      .def("done", &tracking::StorageResize::done, py::call_guard<py::gil_scoped_release>());
   py::class_<tracking::CompiledRegion>(m, "_CompiledRegion")
       .def(py::init<const std::vector<at::Tensor>&>(), py::arg("args"),
            py::call_guard<py::gil_scoped_release>())

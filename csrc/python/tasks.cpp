@@ -167,6 +167,7 @@ class PyTask final : public core::Task {
   // for the submitter; the end of its device work is recorded before the future completes.
   void run_in_pipeline() {
     ProfilingGuard profiling(profiling_);
+    tracking::TaskPins::Running running(*hold_);  // (its writes, and its tasks', skip its pins)
     PipelineGuard guard(pipeline_);
     sync_->wait_for_submitter(*pipeline_);
     PyObject* result = nullptr;
@@ -292,6 +293,14 @@ py::object submit(const PipelinePtr& p, py::object fn, py::tuple args, py::kwarg
   return future;
 }
 
+namespace {
+// An instance of a @dataclass (a batch, a model output): its fields are walked like a container's.
+bool is_dataclass_instance(PyObject* ptr) {
+  return !PyType_Check(ptr) &&
+         PyObject_HasAttrString(reinterpret_cast<PyObject*>(Py_TYPE(ptr)), "__dataclass_fields__");
+}
+}  // namespace
+
 std::vector<at::Tensor> collect_tensors(py::handle obj) {
   std::vector<at::Tensor> out;
   std::unordered_set<PyObject*> seen;  // containers and tensors already walked
@@ -301,8 +310,9 @@ std::vector<at::Tensor> collect_tensors(py::handle obj) {
     todo.pop_back();
     PyObject* ptr = o.ptr();
     const bool tensor = THPVariable_Check(ptr);
+    const bool dataclass = !tensor && is_dataclass_instance(ptr);
     const bool container = PyList_Check(ptr) || PyTuple_Check(ptr) || PyDict_Check(ptr) ||
-                           PyAnySet_Check(ptr);
+                           PyAnySet_Check(ptr) || dataclass;
     if ((!tensor && !container) || !seen.insert(ptr).second) {
       continue;
     }
@@ -314,6 +324,13 @@ std::vector<at::Tensor> collect_tensors(py::handle obj) {
         for (py::handle name : flat[0]) {
           todo.push_back(o.attr(name));
         }
+      }
+    } else if (dataclass) {
+      // Its fields (ClassVar and InitVar pseudo-fields are listed too: a missing one is skipped).
+      py::object fields = py::handle(reinterpret_cast<PyObject*>(Py_TYPE(ptr)))
+                              .attr("__dataclass_fields__");
+      for (py::handle name : fields) {
+        todo.push_back(py::getattr(o, name, py::none()));
       }
     } else if (PyDict_Check(ptr)) {
       PyObject *key, *value;

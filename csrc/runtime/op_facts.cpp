@@ -111,6 +111,13 @@ OpFacts compute(const c10::FunctionSchema& s) {
       f.non_blocking = static_cast<int>(i);
     }
   }
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (f.write[i] != 0 && args[i].name().compare(0, 3, "out") == 0) {
+      f.may_move = true;  // out=, out0=, ...: resized when its size is wrong
+    }
+  }
+  f.may_move |= f.name == "aten::resize_" || f.name == "aten::resize_as_" ||
+      f.name == "aten::_resize_output_";
   if (f.name.compare(0, 6, "c10d::") == 0 && !any_write) {
     any_write = infer_c10d_writes(s, f);
   }
@@ -118,6 +125,7 @@ OpFacts compute(const c10::FunctionSchema& s) {
   bool host_values = !s.returns().empty();  // every return is a host value
   for (const auto& ret : s.returns()) {
     const auto* ai = ret.alias_info();
+    f.aliased_return.push_back(ai != nullptr ? 1 : 0);
     if (ai == nullptr || alias_is_write(ai)) {
       all_views = false;
     }

@@ -30,6 +30,14 @@ struct OpFacts {
   // aten::to, a view op, around aten::_to_copy); the sim device records nothing for them.
   bool transparent = false;
   int non_blocking = -1;    // index of a bool argument named non_blocking, or -1
+  // Per return: the schema says it aliases an argument (Tensor(a), Tensor(a!)): it is that
+  // argument, never a fresh output, even when it comes back with another storage than it went in
+  // with (set_ from a Storage, which no tensor input shows).
+  std::vector<uint8_t> aliased_return;
+  // The op may give a written argument new memory: resize_, resize_as_, and out= ops (they resize
+  // an out argument of the wrong size). Its old block is freed inside the op (allocator safety of
+  // the old block, docs/design.md §4).
+  bool may_move = false;
   // The host waits for the result, like CUDA's .item() or nonzero: an op returning host values
   // (not tensors, not torchbind objects such as a c10d Work), or one listed in op_facts.cpp whose
   // output size depends on the data. Never set for transparent ops. Used by the sim device.

@@ -160,6 +160,30 @@ class TrackScope {
   std::vector<PendingKeepAlive> keep_alive_;  // kept alive from the end of the scope, like an op's
 };
 
+// UntypedStorage.resize_ on a device storage (FSDP frees and reallocates parameters' memory with
+// it: storage.resize_(0), resize_(n)) is not a dispatcher op; torch_pipeline/_storages.py wraps it
+// in this scope. Made before the resize: the current stream waits as for an op that writes the
+// storage and may give it new memory (its old block, freed inside the resize, is recorded on the
+// current stream off its allocation stream: OpFacts::may_move). done() after it: memory it
+// allocated (the storage had none, or other memory now) was allocated on the current stream, the
+// storage's home from then on. No-op while idle, and for CPU storages.
+class StorageResize {
+ public:
+  explicit StorageResize(const c10::Storage& storage);
+  void done();
+  ~StorageResize();  // done() if not called
+  StorageResize(const StorageResize&) = delete;
+  StorageResize& operator=(const StorageResize&) = delete;
+
+ private:
+  at::Tensor view_;              // bytes of the storage (the tracker's accesses are tensors)
+  const void* before_ = nullptr;  // its memory before the resize
+  bool open_ = false;
+  uint64_t period_ = 0;
+  std::vector<Launched> launched_;
+  std::vector<PendingKeepAlive> keep_alive_;
+};
+
 // A call of a compiled region (torch.compile: AOTAutograd's forward, backward or inference call,
 // wrapped by torch_pipeline/_compiled.py) as one op on the current streams: the constructor reads
 // and writes every tensor argument (lifted parameters and buffers, inputs, saved tensors: compiled
@@ -260,9 +284,11 @@ class GraphReplay {
 void set_capture_aware(bool aware);
 
 // The tensors of a submitted task (docs/design.md §3): until release(), a write to their storages
-// from a thread other than the task's worker thread waits for release(). Keeps tracking live.
+// from a thread other than the task's worker thread waits for release(), unless it is the task's
+// own work (see Running). Keeps tracking live.
 class TaskPins {
  public:
+  // Made where the task is submitted: a task submitted by a running task inherits its Running set.
   TaskPins(const std::vector<at::Tensor>& tensors, int worker_id);
   ~TaskPins();
   TaskPins(const TaskPins&) = delete;
@@ -272,8 +298,24 @@ class TaskPins {
 
   struct State;
 
+  // While a task runs, on its worker thread: writes of this thread do not wait for the task's own
+  // pins nor for those of the tasks that submitted it, at any depth (its inherited set). A task
+  // that hands its tensors to a task it submits and waits for it would otherwise wait forever: the
+  // inner task's write waited for the outer task's end.
+  class Running {
+   public:
+    explicit Running(const TaskPins& pins);
+    ~Running();
+    Running(const Running&) = delete;
+    Running& operator=(const Running&) = delete;
+
+   private:
+    std::vector<std::shared_ptr<State>> saved_;
+  };
+
  private:
   std::shared_ptr<State> state_;
+  std::vector<std::shared_ptr<State>> inherited_;  // the submitting task's Running set
 };
 
 }  // namespace tracking

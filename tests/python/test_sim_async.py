@@ -167,10 +167,42 @@ def write_after_write(p: "tp.Pipeline") -> "torch.Tensor":
     return x
 
 
+def read_through_its_storage(p: "tp.Pipeline") -> "torch.Tensor":
+    x = ones()
+    y = x * 3                  # written on the default stream, late
+    with tp.pipeline(p):       # the same memory, reached through its Storage (torch.load does it)
+        alias = torch.empty(0, device="sim:0").set_(y.untyped_storage())
+        return alias + 1       # read on p's stream
+
+
+def write_through_its_storage(p: "tp.Pipeline") -> Tuple["torch.Tensor", "torch.Tensor"]:
+    x = ones()
+    torch.accelerator.synchronize()
+    with tp.pipeline(p):
+        a = x * 2              # reads x on p's stream, late
+    x.untyped_storage().fill_(0)   # written on the default stream (set_ and fill_ inside)
+    return a, x
+
+
+def read_after_a_resize_elsewhere(p: "tp.Pipeline") -> Tuple["torch.Tensor", "torch.Tensor"]:
+    x = torch.zeros(16, device="sim:0")   # allocated on the default stream
+    with tp.pipeline(p):
+        x.resize_(N)           # new memory, allocated on p's stream: its new home
+        x.fill_(2.0)
+    y = x * 3                  # read on the default stream, late: off x's new home
+    del x                      # x's block goes back to p's stream's pool ...
+    with tp.pipeline(p):
+        z = ones(-1.0)         # ... where the next allocation takes it, written at once
+    return y, z
+
+
 PROGRAMS = {
     "read_after_write": (read_after_write, "aten::mul.out"),
     "write_after_read": (write_after_read, "aten::mul.out"),
     "write_after_write": (write_after_write, "aten::mul.out"),
+    "read_through_its_storage": (read_through_its_storage, "aten::mul.out"),
+    "write_through_its_storage": (write_through_its_storage, "aten::mul.out"),
+    "read_after_a_resize_elsewhere": (read_after_a_resize_elsewhere, "aten::mul.out"),
 }
 
 
@@ -315,6 +347,87 @@ def test_a_block_a_task_wrote_goes_back_once_its_future_was_waited() -> None:
         assert buf.sum().item() == float(2 * i * N)
         del buf
     assert sim.races() == []
+
+
+def test_the_old_block_of_a_storage_resized_off_its_home_is_not_reused_early() -> None:
+    """x (the default stream's block) is read late on p1 and then resized on p2: the resize waits
+    for the read and copies the old bytes on p2, and frees the old block, inside the op, to the
+    default stream's pool. Keeping x alive keeps the storage, not that block: the default stream's
+    next allocation would take it while p2's copy (and p1's read, which it waits for) are still
+    queued, unless the block is recorded on p2."""
+    p1, p2 = tp.Pipeline(), tp.Pipeline()
+    slow("aten::mul.out")
+
+    def program() -> Tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]:
+        x = ones(1.0)
+        torch.accelerator.synchronize()
+        with tp.pipeline(p1):
+            y = x * 2          # reads x on p1, late
+        with tp.pipeline(p2):
+            x.resize_(2 * N)   # reallocates on p2 (old bytes copied there)
+        z = ones(5.0)          # the default stream's next block of this size
+        return y, x[:N], z
+
+    got = values(program())
+    assert [float(t[0]) for t in got] == [2.0, 1.0, 5.0]
+    assert sim.races() == []
+    with untracked():
+        program()
+        torch.accelerator.synchronize()
+        assert sim.races(), "the untracked twin did not race"
+
+
+def test_an_out_argument_of_size_zero_is_defined_by_the_op_that_allocates_it() -> None:
+    """torch.cat(out=) into a tensor of size 0 allocates it inside the op on p's stream: it is the
+    op's argument coming back, and yet fresh memory that op wrote, which a reader on another stream
+    must wait for."""
+    p = tp.Pipeline()
+
+    def program() -> "torch.Tensor":
+        a, b = ones(1.0), ones(2.0)
+        out = torch.empty(0, device="sim:0")
+        with tp.pipeline(p):
+            torch.cat([a, b], out=out)     # out's memory allocated and written on p
+        return out.sum()                   # read on the default stream
+
+    assert values(program())[0].item() == 3.0 * N
+    assert sim.races() == []
+    with untracked():
+        program()
+        torch.accelerator.synchronize()
+        assert sim.races(), "the untracked twin did not race"
+
+
+def test_storage_resize_frees_and_allocates_like_an_op() -> None:
+    """UntypedStorage.resize_ (FSDP's free_storage / alloc_storage) is no dispatcher op: freeing x's
+    memory while p still reads it, then allocating again on p and reading it on the default
+    stream, must not hand a block out under a pending use."""
+    p = tp.Pipeline()
+    slow("aten::mul.out")
+
+    def program() -> List["torch.Tensor"]:
+        x = ones(1.0)
+        torch.accelerator.synchronize()
+        with tp.pipeline(p):
+            y = x * 2                            # reads x on p, late
+        x.untyped_storage().resize_(0)           # frees it on the default stream
+        z = ones(5.0)                            # the default stream's next block of this size
+        with tp.pipeline(p):
+            x.untyped_storage().resize_(N * 4)   # allocated again, on p's stream
+            x.fill_(3.0)
+        w = x * 2                                # read on the default stream, late
+        del x                                    # back to p's pool ...
+        with tp.pipeline(p):
+            v = ones(-1.0)                       # ... and taken at once
+        return [y, z, w, v]
+
+    got = values(tuple(program()))
+    assert [float(t[0]) for t in got] == [2.0, 5.0, 6.0, -1.0]
+    assert sim.races() == []
+    with untracked():
+        program()
+        torch.accelerator.synchronize()
+        assert sim.races(), "the untracked twin did not race"
 
 
 def test_tracked_random_programs_equal_the_synchronous_run() -> None:

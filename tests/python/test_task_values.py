@@ -4,7 +4,7 @@
   nested in containers), without pickling it; ``wait()`` still orders the waiter after the task's
   device work (strict sim raises on any unordered access).
 * Arguments: the tensors passed to ``submit`` are pinned at any depth of lists, tuples
-  (namedtuples), dicts (keys and values) and sets, cycles included: a checkpoint saver submitted
+  (namedtuples), dicts (keys and values), sets and dataclasses, cycles included: a checkpoint saver submitted
   ``opt.state_dict()`` (Adam's ``state[i]["exp_avg"]`` lies four containers down) while the main
   thread keeps training saves the values of the moment of submission.
 
@@ -13,6 +13,10 @@ Runs in a child process of its own (see _sim_child.py): enabling sim is process-
 from __future__ import annotations
 
 import collections
+import dataclasses
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from typing import Any, Callable, Dict, List
@@ -143,6 +147,12 @@ def test_saving_model_and_optimizer_state_dicts_while_training() -> None:
 Pair = collections.namedtuple("Pair", ["first", "second"])
 
 
+@dataclasses.dataclass
+class Batch:
+    inputs: Any
+    step: int = 0
+
+
 def _seen_by_a_slow_task(wrap: Callable[["torch.Tensor"], Any],
                          unwrap: Callable[[Any], "torch.Tensor"]) -> float:
     x = torch.ones(N, device="sim:0")
@@ -172,7 +182,8 @@ def _cycle(x: "torch.Tensor") -> List[Any]:
     (lambda x: {"set": {x}}, lambda a: next(iter(a["set"]))),
     (_cycle, lambda a: a[1][1][1][0]),
     (lambda x: torch.nn.Parameter(x, requires_grad=False), lambda a: a),
-], ids=["lists", "namedtuples", "dict-keys", "sets", "cycle", "tensor-subclass"])
+    (lambda x: Batch(Batch([x], 1)), lambda a: a.inputs.inputs[0]),
+], ids=["lists", "namedtuples", "dict-keys", "sets", "cycle", "tensor-subclass", "dataclasses"])
 def test_tensors_at_any_depth_are_pinned(wrap: Any, unwrap: Any) -> None:
     assert _seen_by_a_slow_task(wrap, unwrap) == float(N)
     assert sim.races() == []
@@ -185,6 +196,43 @@ def test_a_very_deep_argument_does_not_hit_the_recursion_limit() -> None:
         deep = [deep]
     fut = tp.Pipeline(tp.get_worker_thread(1)).submit(lambda d: 7, deep)
     assert fut.wait() == 7
+
+
+# A task that hands its argument to a task it submits and waits for it: the writes of that task are
+# the first task's own work and must not wait for its pins (they waited forever: the first task
+# waited for the second, the second's write for the first's end). Run in a process of its own, so
+# that a hang fails the test instead of the process.
+NESTED_WRITER = textwrap.dedent("""
+    import torch, torch_pipeline as tp, torch_pipeline.sim as sim
+    sim.enable(num_devices=1, strict=True)
+    outer, inner = tp.Pipeline(tp.get_worker_thread(1)), tp.Pipeline(tp.get_worker_thread(2))
+    last = tp.Pipeline(tp.get_worker_thread(3))
+
+    def fill(t):
+        t.add_(1)                                   # writes what the outer task pinned
+        return t.sum().item()
+
+    def delegate(t):
+        return inner.submit(fill, t).wait()         # waits for the task it submitted
+
+    def delegate_by_closure(t):
+        return inner.submit(lambda: fill(t)).wait() # (the inner task pins nothing itself)
+
+    def delegate_twice(t):
+        return inner.submit(lambda: last.submit(fill, t).wait()).wait()
+
+    x = torch.zeros(16, device="sim:0")
+    print(outer.submit(delegate, x).wait(), outer.submit(delegate_by_closure, x).wait(),
+          outer.submit(delegate_twice, x).wait(), flush=True)
+    assert sim.races() == []
+""")
+
+
+def test_tasks_a_task_submits_may_write_its_arguments() -> None:
+    proc = subprocess.run([sys.executable, "-c", NESTED_WRITER], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["16.0", "32.0", "48.0"], proc.stdout
 
 
 install_proxies(globals(), __file__)

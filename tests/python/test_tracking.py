@@ -208,6 +208,37 @@ def test_work_after_the_last_pipeline_dies_is_ordered_after_it() -> None:
     assert torch.equal(z.cpu(), torch.full((N,), 4.0))
 
 
+def reuse_across_an_idle_stretch() -> List[float]:
+    seen = []
+    for i in range(3):
+        p = tp.Pipeline()
+        with tp.pipeline(p):
+            w = ones(float(i))     # allocated on p's stream
+        del p                      # tracking goes idle
+        z = w + 1                  # untracked, on the default stream
+        del w                      # back to the pool of p's stream (nothing recorded: idle)
+        q = tp.Pipeline()          # live again: p's slot, and with it p's stream
+        with tp.pipeline(q):
+            v = ones(-5.0)         # the stream's first op of the period, a factory: takes w's block
+        del q
+        seen.append(z[0].item())
+        del v
+    return seen
+
+
+def test_memory_used_while_idle_is_not_reused_by_the_next_pipeline() -> None:
+    """The go-live baseline orders a stream after the untracked work before it at the stream's
+    first tracked use: that must come before a factory runs there (it allocates, maybe a block
+    the untracked stretch still reads), not only after it."""
+    gc.collect()
+    assert not stats()["live"]
+    assert reuse_across_an_idle_stretch() == [1.0, 2.0, 3.0]
+    assert sim.races() == []
+    with untracked():
+        reuse_across_an_idle_stretch()
+        assert sim.races(), "the untracked twin did not race"
+
+
 # ---- training step across pipelines ---------------------------------------------------------------
 class TwoBranches(torch.nn.Module):
     def __init__(self) -> None:
@@ -559,6 +590,30 @@ def test_an_async_collective_is_ready_where_it_was_waited_for() -> None:
         work.wait()                     # q's stream waits for the collective
     assert stats()["launches"] == before + 1   # x is now written at q's position
     assert torch.equal((x + 1).cpu(), torch.full((N,), 4.0))
+    assert sim.races() == []
+
+
+def test_async_collectives_on_tensor_arguments() -> None:
+    """all_gather_into_tensor and reduce_scatter_tensor take their tensors as Tensor arguments, not
+    lists (c10d::_allgather_base_, _reduce_scatter_base_): the Work they return is noted at the
+    op's end, after the boxed arguments are gone (reading them there crashed the process)."""
+    import torch.distributed as dist
+
+    fake_process_group()
+    p, q = tp.Pipeline(), tp.Pipeline()
+    for _ in range(20):
+        with tp.pipeline(p):
+            x = ones(3.0)
+            out = torch.empty(2 * N, device="sim:0")
+        with tp.collective():
+            gathered = dist.all_gather_into_tensor(out, x, async_op=True)
+            scattered = dist.reduce_scatter_tensor(x, out, async_op=True)
+        before = stats()["launches"]
+        with tp.pipeline(q):
+            gathered.wait()             # out, then x, count as written at q's position
+            scattered.wait()
+        assert stats()["launches"] == before + 2
+        (out + 1).sum()                 # (the fake backend writes nothing: values stay)
     assert sim.races() == []
 
 

@@ -31,18 +31,9 @@ const void* returned_work(const at::RecordFunction& fn) {
 }
 }  // namespace
 
-void note_async_collective(const at::RecordFunction& fn, const std::vector<Access>& accesses) {
+void note_async_collective(const at::RecordFunction& fn, std::vector<at::Tensor>& written) {
   const void* work = returned_work(fn);
-  if (work == nullptr) {
-    return;
-  }
-  std::vector<at::Tensor> written;
-  for (const Access& a : accesses) {
-    if (a.write && !a.tensor->device().is_cpu()) {
-      written.push_back(*a.tensor);
-    }
-  }
-  if (written.empty()) {
+  if (work == nullptr || written.empty()) {
     return;
   }
   std::vector<at::Tensor> dropped;  // released after the lock (declared before it)

@@ -14,8 +14,9 @@ namespace torch_pipeline {
 namespace tracking {
 namespace detail {
 
-// A c10d op ended: if it returned a Work, remember the device tensors it writes (`accesses`).
-void note_async_collective(const at::RecordFunction& fn, const std::vector<Access>& accesses);
+// A c10d op ended: if it returned a Work, remember the device tensors it writes (`written`, taken
+// at its start: the tensors its accesses point at do not outlive the start callbacks).
+void note_async_collective(const at::RecordFunction& fn, std::vector<at::Tensor>& written);
 
 }  // namespace detail
 }  // namespace tracking

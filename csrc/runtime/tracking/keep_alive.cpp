@@ -69,6 +69,13 @@ void protect_use_locked(StorageEntry& e, StreamEntry& se, const c10::Storage& st
   }
 }
 
+void protect_old_block_locked(const StorageEntry& e, const StreamEntry& se,
+                              const c10::Storage& storage) {
+  if (e.home != se.id && storage.data() != nullptr) {
+    record_stream(se.stream, storage);
+  }
+}
+
 void start_keep_alive_locked(LiveState& st, std::vector<PendingKeepAlive>& pending,
                              const std::vector<Launched>& launched) {
   for (PendingKeepAlive& k : pending) {

@@ -20,6 +20,13 @@ bool keeping_alive();
 // `pending`) or record it with the allocator, as the mode and its allocation stream say.
 void protect_use_locked(StorageEntry& e, StreamEntry& se, const c10::Storage& storage,
                         bool keep_alive, std::vector<PendingKeepAlive>& pending);
+// The op about to launch on `se` writes storage `e` and may give it new memory (resize_, an out=
+// argument): its block as it is now is freed inside the op, to the pool of its allocation stream,
+// where the next allocation may take it at once. Unless `se` is that stream, the block is recorded
+// on `se` with the allocator (in both modes: keeping the storage alive does not keep its old block),
+// so it is not reused before this op, and the uses it waits for, have run.
+void protect_old_block_locked(const StorageEntry& e, const StreamEntry& se,
+                              const c10::Storage& storage);
 // The ops of `launched` have launched: the pending keep-alives on their streams start now.
 void start_keep_alive_locked(LiveState& st, std::vector<PendingKeepAlive>& pending,
                              const std::vector<Launched>& launched);

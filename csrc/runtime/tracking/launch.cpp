@@ -45,6 +45,17 @@ ThreadRun& thread_run() {
   return t_run;
 }
 
+void enter_streams(const std::vector<c10::Device>& devices) {
+  if (devices.empty() || world_for_launch(devices)) {
+    return;  // (a capture's streams live in its own world, which has no baseline)
+  }
+  LiveState& st = state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  for (const c10::Device& d : devices) {
+    acquire_stream_locked(st, c10::impl::getDeviceGuardImpl(d.type())->getStream(d));
+  }
+}
+
 void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool async,
                    std::vector<Launched>& launched, uint64_t& period,
                    std::optional<c10::Device> target) {
@@ -97,6 +108,9 @@ void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool asy
         watch_locked(e);
       } else {
         protect_use_locked(e, se, storage, keep_alive, run.keep_alive);
+        if (a.write && a.may_move) {
+          protect_old_block_locked(e, se, storage);
+        }
       }
       (a.write ? writes : reads).push_back(e.id);
     }
@@ -159,7 +173,8 @@ void settle(const std::vector<Launched>& launched, uint64_t period) {
 }
 
 void finish(ThreadRun& run, std::vector<Launched>& launched, uint64_t period,
-            const std::vector<at::Tensor>* fresh, bool async) {
+            const std::vector<at::Tensor>* fresh, bool async,
+            const std::vector<at::Tensor>* moved) {
   WorldPtr world;
   std::vector<c10::Device> factory_devices;  // (a factory: where its outputs are)
   if (period == 0 && fresh != nullptr) {
@@ -181,6 +196,18 @@ void finish(ThreadRun& run, std::vector<Launched>& launched, uint64_t period,
     return;
   }
   settle_locked(st, launched);
+  if (moved != nullptr && !world) {
+    for (const at::Tensor& m : *moved) {
+      for (const Launched& l : launched) {
+        if (l.device() == m.device()) {
+          if (StorageEntry* e = find_storage_locked(st, m.storage().unsafeGetStorageImpl())) {
+            e->moved_to(l.id);  // (else a use off the new home would not be kept alive)
+          }
+          break;
+        }
+      }
+    }
+  }
   if (fresh != nullptr) {
     for (const at::Tensor& out : *fresh) {
       const c10::Device d = out.device();

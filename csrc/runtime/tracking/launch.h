@@ -39,13 +39,21 @@ ThreadRun& thread_run();
 void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool async,
                    std::vector<Launched>& launched, uint64_t& period,
                    std::optional<c10::Device> target = std::nullopt);
+// Before a factory (an op with no input on a device) runs on `devices`: their current streams are
+// known to this period, so a stream seen for the first time waits for the go-live baseline now,
+// before the factory allocates (maybe a block that untracked work before the period still uses)
+// and writes, not after it (its launch is registered at its end).
+void enter_streams(const std::vector<c10::Device>& devices);
 // The launches of `launched` have finished launching (when the op failed before its end).
 void settle(const std::vector<Launched>& launched, uint64_t period);
 // After the op: `fresh` outputs (may be null) get it as their pending definition (a factory's
 // device gets a launch appended to `launched`), keep-alives start, and the run's event is recorded
-// where due. period 0: the current period (nothing was launched before).
+// where due. `moved` (may be null): inputs whose storage the op reallocated (resize_); their new
+// memory was allocated on the op's stream of their device, their new home. period 0: the current
+// period (nothing was launched before).
 void finish(ThreadRun& run, std::vector<Launched>& launched, uint64_t period,
-            const std::vector<at::Tensor>* fresh, bool async);
+            const std::vector<at::Tensor>* fresh, bool async,
+            const std::vector<at::Tensor>* moved = nullptr);
 
 }  // namespace detail
 }  // namespace tracking

@@ -51,6 +51,10 @@ struct Tls {
   bool async = false;       // a non_blocking copy: its CPU storages are accessed on the stream
   bool host_only = false;   // the op has nothing on a device and nothing watched: no end work
   bool c10d = false;        // a c10d op (a collective): it may return a Work
+  // The device tensors a c10d op writes, owned: its boxed inputs, which `accesses` point into, are
+  // destroyed once the start callbacks have run, and a Work it returns is noted at its end.
+  std::vector<at::Tensor> c10d_written;
+  const OpFacts* facts = nullptr;  // the observed op's
   std::vector<Launched> launched;
   std::vector<const c10::StorageImpl*> inputs;
   std::vector<Access> accesses;
@@ -58,6 +62,13 @@ struct Tls {
   std::vector<bool> list_writes;       // ... and their write flags
   std::vector<Access> scratch;
   std::vector<at::Tensor> fresh;
+  // Device tensors the op may give new memory (OpFacts::may_move) and their data before it (owned:
+  // the boxed inputs do not outlive the start callback); those it did reallocate (resize_), whose
+  // storage has a new home.
+  std::vector<std::pair<at::Tensor, const void*>> moving;
+  std::vector<at::Tensor> moved;
+  // Storages of written arguments without data (out= tensors of size 0): the op allocates them.
+  std::vector<const c10::StorageImpl*> empty_writes;
   // Ops left to the ops they call (tensors without storage, see on_start), innermost last: their
   // level, their facts, whether they touch an accelerator, and `observed` when they started.
   struct Unclaimed {
@@ -125,9 +136,12 @@ InputScan scan_inputs(const c10::ArrayRef<c10::IValue>& inputs) {
   return scan;
 }
 
-void add_tensor(const at::Tensor& t, bool write, std::vector<Access>& out) {
+void add_tensor(const at::Tensor& t, bool write, bool may_move, std::vector<Access>& out,
+                std::vector<const c10::StorageImpl*>& empty_writes) {
   if (has_data(t)) {
-    out.push_back(Access{&t, write});
+    out.push_back(Access{&t, write, write && may_move});
+  } else if (write && t.defined() && t.has_storage()) {
+    empty_writes.push_back(t.storage().unsafeGetStorageImpl());  // (an out= tensor of size 0)
   }
 }
 
@@ -167,9 +181,14 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, bool on_device
   t.accesses.clear();
   t.list_items.clear();
   t.list_writes.clear();
+  t.moving.clear();
+  t.moved.clear();
+  t.empty_writes.clear();
+  t.c10d_written.clear();
   t.async = false;
   t.period = 0;
   t.c10d = facts.name.compare(0, 6, "c10d::") == 0;
+  t.facts = &facts;
   const auto inputs = fn.inputs();
   // The common case of CPU code: nothing on a device, no watched host memory, no pinned tensors.
   t.host_only = !on_device && !watching_host() && g_pins.load(std::memory_order_acquire) == 0;
@@ -183,7 +202,8 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, bool on_device
   for (size_t i = 0; i < inputs.size(); ++i) {
     const bool w = i < facts.write.size() && facts.write[i] != 0;
     if (inputs[i].isTensor()) {
-      add_tensor(inputs[i].toTensor(), w, t.accesses);  // (the IValue outlives the op)
+      // (the IValue lives until the start callbacks have run)
+      add_tensor(inputs[i].toTensor(), w, facts.may_move, t.accesses, t.empty_writes);
     } else {
       // Tensors inside lists (torch.cat, _foreach_*) are handed out as temporaries: copied.
       for_each_tensor(inputs[i], [&](const at::Tensor& x) {
@@ -193,14 +213,35 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, bool on_device
     }
   }
   for (size_t i = 0; i < t.list_items.size(); ++i) {  // (list_items stopped growing)
-    add_tensor(t.list_items[i], t.list_writes[i], t.accesses);
+    add_tensor(t.list_items[i], t.list_writes[i], facts.may_move, t.accesses, t.empty_writes);
   }
   if (t.accesses.empty()) {
-    return;  // a factory: its outputs are handled at the end
+    // A factory: its outputs are handled at the end; its streams wait for the baseline first.
+    auto& devices = thread_run().devices;
+    devices.clear();
+    for (const c10::IValue& v : inputs) {
+      if (v.isDevice() && !v.toDevice().is_cpu() && !v.toDevice().is_meta()) {
+        c10::Device d = v.toDevice();
+        if (!d.has_index()) {
+          d = c10::Device(d.type(), c10::impl::getDeviceGuardImpl(d.type())->getDevice().index());
+        }
+        if (std::find(devices.begin(), devices.end(), d) == devices.end()) {
+          devices.push_back(d);
+        }
+      }
+    }
+    enter_streams(devices);
+    return;
   }
   for (const Access& a : t.accesses) {
     t.inputs.push_back(a.tensor->storage().unsafeGetStorageImpl());
     any_device |= !a.tensor->device().is_cpu();
+    if (t.c10d && a.write && !a.tensor->device().is_cpu()) {
+      t.c10d_written.push_back(*a.tensor);
+    }
+    if (a.may_move && !a.tensor->device().is_cpu()) {
+      t.moving.emplace_back(*a.tensor, a.tensor->storage().data());
+    }
   }
   const bool non_blocking = facts.non_blocking >= 0 &&
       static_cast<size_t>(facts.non_blocking) < inputs.size() &&
@@ -243,23 +284,41 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, bool on_device
 void end_op(const at::RecordFunction& fn, Tls& t) {
   auto& fresh = t.fresh;
   fresh.clear();
-  for (const c10::IValue& v : fn.outputs()) {
-    for_each_tensor(v, [&](const at::Tensor& x) {
-      if (has_data(x) &&
-          std::find(t.inputs.begin(), t.inputs.end(), x.storage().unsafeGetStorageImpl()) ==
-              t.inputs.end() &&
+  const auto outputs = fn.outputs();
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    // An argument coming back (in-place and out= ops, set_) is fresh only with the storage it
+    // went in with, which had no memory then (an out= tensor of size 0 the op resized): with
+    // another one (set_ from a Storage, which no tensor input shows) it is an existing storage,
+    // whose writer and readers a redefinition would drop.
+    const bool aliased = i < t.facts->aliased_return.size() && t.facts->aliased_return[i] != 0;
+    for_each_tensor(outputs[i], [&](const at::Tensor& x) {
+      if (!has_data(x)) {
+        return;
+      }
+      const c10::StorageImpl* storage = x.storage().unsafeGetStorageImpl();
+      if (aliased && std::find(t.empty_writes.begin(), t.empty_writes.end(), storage) ==
+                         t.empty_writes.end()) {
+        return;
+      }
+      if (std::find(t.inputs.begin(), t.inputs.end(), storage) == t.inputs.end() &&
           (!x.device().is_cpu() || t.async)) {
         fresh.push_back(x);
       }
     });
   }
   if (t.c10d) {
-    note_async_collective(fn, t.accesses);
+    note_async_collective(fn, t.c10d_written);
+  }
+  for (const auto& [tensor, data] : t.moving) {
+    if (tensor.storage().data() != data) {
+      t.moved.push_back(tensor);
+    }
   }
   if (t.launched.empty() && fresh.empty()) {
     return;
   }
-  finish(thread_run(), t.launched, t.period, &fresh, t.async);  // (period 0 for a factory)
+  finish(thread_run(), t.launched, t.period, &fresh, t.async,  // (period 0 for a factory)
+         t.moved.empty() ? nullptr : &t.moved);
 }
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
@@ -324,6 +383,9 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     t.launched.clear();
     t.list_items.clear();
     t.fresh.clear();
+    t.moving.clear();
+    t.moved.clear();
+    t.c10d_written.clear();
     ThreadRun& run = thread_run();
     if (!run.keep_alive.empty()) {
       record_instead(run.keep_alive);  // (begin_op failed after choosing to keep alive)

@@ -27,6 +27,12 @@ namespace detail {
 namespace {
 std::mutex* g_wait_mutex = new std::mutex();  // replaced after fork
 BlockingWait* g_blocking_wait = nullptr;      // guarded by *g_wait_mutex
+// The pins of the task running on this thread and of the tasks that submitted it (TaskPins::Running).
+thread_local std::vector<PinPtr> t_running;
+
+bool running_here(const PinPtr& p) {
+  return std::find(t_running.begin(), t_running.end(), p) != t_running.end();
+}
 }  // namespace
 
 void blocking_wait(const Step& step) {
@@ -72,8 +78,8 @@ void wait_for_pins(const std::vector<Access>& accesses) {
                    return p->released;
                  }), pins.end());
       for (const PinPtr& p : pins) {
-        if (p->worker_id != me) {
-          wait.push_back(p);
+        if (p->worker_id != me && !running_here(p)) {
+          wait.push_back(p);  // (not the task's own work, nor that of a task it submitted)
         }
       }
     }
@@ -95,7 +101,8 @@ void set_blocking_wait(BlockingWait wait) {
   detail::g_blocking_wait = wait ? new BlockingWait(std::move(wait)) : nullptr;
 }
 
-TaskPins::TaskPins(const std::vector<at::Tensor>& tensors, int worker_id) {
+TaskPins::TaskPins(const std::vector<at::Tensor>& tensors, int worker_id)
+    : inherited_(detail::t_running) {
   using namespace detail;
   std::vector<const at::Tensor*> pinned;
   for (const at::Tensor& t : tensors) {
@@ -118,6 +125,17 @@ TaskPins::TaskPins(const std::vector<at::Tensor>& tensors, int worker_id) {
 
 TaskPins::~TaskPins() {
   release();
+}
+
+TaskPins::Running::Running(const TaskPins& pins) : saved_(std::move(detail::t_running)) {
+  detail::t_running = pins.inherited_;
+  if (pins.state_) {
+    detail::t_running.push_back(pins.state_);
+  }
+}
+
+TaskPins::Running::~Running() {
+  detail::t_running = std::move(saved_);
 }
 
 void TaskPins::release() {

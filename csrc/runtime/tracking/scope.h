@@ -18,11 +18,12 @@ namespace detail {
 void open_scope(const std::vector<Access>& accesses, std::vector<Launched>& launched,
                 uint64_t& period, std::vector<PendingKeepAlive>& keep_alive);
 
-// Ends a scope opened with a device launch: `fresh` (may be null) are storages it made; `what`
-// names it in the warning if ending fails.
+// Ends a scope opened with a device launch: `fresh` (may be null) are storages it made, `moved`
+// (may be null) storages it gave new memory (finish() in launch.h); `what` names it in the
+// warning if ending fails.
 void close_scope(std::vector<Launched>& launched, uint64_t period,
                  std::vector<PendingKeepAlive>& keep_alive, const std::vector<at::Tensor>* fresh,
-                 const char* what);
+                 const char* what, const std::vector<at::Tensor>* moved = nullptr);
 
 }  // namespace detail
 }  // namespace tracking

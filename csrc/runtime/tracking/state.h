@@ -129,6 +129,7 @@ void reset_locked(LiveState& st);
 struct Access {
   const at::Tensor* tensor;
   bool write;
+  bool may_move = false;  // a write that may give the storage new memory (OpFacts::may_move)
 };
 bool has_data(const at::Tensor& t);
 

@@ -37,11 +37,11 @@ void open_scope(const std::vector<Access>& accesses, std::vector<Launched>& laun
 
 void close_scope(std::vector<Launched>& launched, uint64_t period,
                  std::vector<PendingKeepAlive>& keep_alive, const std::vector<at::Tensor>* fresh,
-                 const char* what) {
+                 const char* what, const std::vector<at::Tensor>* moved) {
   ThreadRun& run = thread_run();
   run.keep_alive = std::move(keep_alive);
   try {
-    finish(run, launched, period, fresh, false);
+    finish(run, launched, period, fresh, false, moved);
   } catch (const std::exception& e) {
     warn_once(std::string("tracking failed at the end of ") + what,
               std::string("automatic synchronization failed at the end of ") + what + " (" +
