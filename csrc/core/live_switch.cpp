@@ -46,11 +46,12 @@ void LiveSwitch::update(bool settle, const Wait& wait) {
       return;
     }
     lock.unlock();
+    bool reached = true;
     try {
       if (want) {
         actions_.go_live();
       } else {
-        actions_.go_idle();
+        reached = actions_.go_idle();
       }
     } catch (...) {
       lock.lock();
@@ -61,7 +62,9 @@ void LiveSwitch::update(bool settle, const Wait& wait) {
       throw;
     }
     lock.lock();
-    live_ = want;
+    if (reached) {
+      live_ = want;
+    }
   }
 }
 
