@@ -62,9 +62,14 @@ void LiveSwitch::update(bool settle, const Wait& wait) {
       throw;
     }
     lock.lock();
-    if (reached) {
-      live_ = want;
+    if (!reached) {
+      checked_ = seen;  // (go_idle refused: live until the refuser's next update)
+      busy_ = false;
+      lock.unlock();
+      sync_->cv.notify_all();
+      return;
     }
+    live_ = want;
   }
 }
 

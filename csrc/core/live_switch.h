@@ -26,8 +26,8 @@ class LiveSwitch {
   struct Actions {
     std::function<bool()> wanted;    // whether the state should be live now (lock-free reads)
     std::function<void()> go_live;   // idle -> live
-    // live -> idle; false: not now (the state stays live, and wanted() must then say live until
-    // whatever refused it changes, or the switch tries again at once)
+    // live -> idle; false: not now (the state stays live and this switch stops: whatever refused
+    // must update() again once it no longer does)
     std::function<bool()> go_idle;
   };
   // Blocks the caller until step(timeout) returns true.

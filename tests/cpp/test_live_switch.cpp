@@ -143,8 +143,8 @@ TEST(LiveSwitch, AFailingActionReleasesWaitersAndKeepsTheState) {
 }
 
 // A go_idle that refuses (a graph capture is about to begin: the runtime's go_idle may not touch
-// the devices then) leaves the state live; the switch checks wanted() again, which says live while
-// the refusal lasts, and a later update goes idle.
+// the devices then) leaves the state live and ends the switch (no spinning while the refusal
+// lasts, whatever wanted() says); a later update goes idle.
 TEST(LiveSwitch, ARefusedGoIdleStaysLive) {
   std::atomic<bool> capturing{false};
   std::atomic<bool> pipelines{true};
@@ -167,9 +167,19 @@ TEST(LiveSwitch, ARefusedGoIdleStaysLive) {
   EXPECT_TRUE(sw.live());
   pipelines = false;
   sw.update(true);
-  EXPECT_TRUE(sw.live());  // refused once, then wanted() says live (capturing)
+  EXPECT_TRUE(sw.live());  // refused once, and the switch stopped
   EXPECT_EQ(refused, 1);
   EXPECT_EQ(idled, 0);
+  capturing = true;
+  std::atomic<bool> lying{true};  // (even a wanted() that says idle throughout does not spin)
+  LiveSwitch stubborn(LiveSwitch::Actions{
+      [&] { return !lying.load(); }, [] {}, [&] { return !lying.load(); }});
+  lying = false;
+  stubborn.update(true);
+  lying = true;
+  stubborn.update(true);
+  EXPECT_TRUE(stubborn.live());
+  EXPECT_FALSE(stubborn.switching());
   capturing = false;  // the capture ended
   sw.update(true);
   EXPECT_FALSE(sw.live());
