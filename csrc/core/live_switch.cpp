@@ -46,11 +46,12 @@ void LiveSwitch::update(bool settle, const Wait& wait) {
       return;
     }
     lock.unlock();
+    bool reached = true;
     try {
       if (want) {
         actions_.go_live();
       } else {
-        actions_.go_idle();
+        reached = actions_.go_idle();
       }
     } catch (...) {
       lock.lock();
@@ -61,6 +62,13 @@ void LiveSwitch::update(bool settle, const Wait& wait) {
       throw;
     }
     lock.lock();
+    if (!reached) {
+      checked_ = seen;  // (go_idle refused: live until the refuser's next update)
+      busy_ = false;
+      lock.unlock();
+      sync_->cv.notify_all();
+      return;
+    }
     live_ = want;
   }
 }

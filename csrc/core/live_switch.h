@@ -26,7 +26,9 @@ class LiveSwitch {
   struct Actions {
     std::function<bool()> wanted;    // whether the state should be live now (lock-free reads)
     std::function<void()> go_live;   // idle -> live
-    std::function<void()> go_idle;   // live -> idle
+    // live -> idle; false: not now (the state stays live and this switch stops: whatever refused
+    // must update() again once it no longer does)
+    std::function<bool()> go_idle;
   };
   // Blocks the caller until step(timeout) returns true.
   using Step = std::function<bool(std::chrono::milliseconds)>;

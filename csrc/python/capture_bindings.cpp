@@ -13,8 +13,13 @@ namespace torch_pipeline {
 namespace python {
 
 void bind_capture(py::module_& m) {
+  using tracking::CaptureHandle;
   using tracking::CapturedGraph;
   using tracking::GraphReplay;
+  py::class_<CaptureHandle, std::shared_ptr<CaptureHandle>>(
+      m, "_CaptureHandle",
+      "A graph capture the tracker follows, from capture_begun to capture_ended (kept on the "
+      "graph object, so the capture may end on another thread).");
   py::class_<CapturedGraph, std::shared_ptr<CapturedGraph>>(
       m, "_CapturedGraph",
       "What a captured graph keeps for its lifetime, and how its replays are ordered.")
@@ -26,13 +31,18 @@ void bind_capture(py::module_& m) {
            "Opens a replay on the current streams (close() it after the replay).");
   py::class_<GraphReplay>(m, "_GraphReplay")
       .def("close", &GraphReplay::close, py::call_guard<py::gil_scoped_release>());
-  m.def("_capture_prepare", &tracking::capture_prepare, py::call_guard<py::gil_scoped_release>());
+  m.def("_capture_prepare", &tracking::capture_prepare, py::arg("stream"),
+        py::call_guard<py::gil_scoped_release>());
   m.def("_capture_begun", &tracking::capture_begun, py::arg("stream"),
         py::call_guard<py::gil_scoped_release>());
-  m.def("_capture_abandoned", &tracking::capture_abandoned);
-  m.def("_capture_join_back", &tracking::capture_join_back,
+  m.def("_capture_abandoned", &tracking::capture_abandoned,
         py::call_guard<py::gil_scoped_release>());
-  m.def("_capture_ended", &tracking::capture_ended, py::call_guard<py::gil_scoped_release>());
+  m.def("_capture_join_back",
+        [](const CaptureHandle* capture) { return tracking::capture_join_back(capture); },
+        py::arg("capture").none(true), py::call_guard<py::gil_scoped_release>());
+  m.def("_capture_ended",
+        [](const CaptureHandle* capture) { return tracking::capture_ended(capture); },
+        py::arg("capture").none(true), py::call_guard<py::gil_scoped_release>());
   m.def("_set_capture_aware", &tracking::set_capture_aware, py::arg("aware"),
         "Test switch: False makes the tracker ignore graph captures (polls do not pause, "
         "captured ops are tracked as if they ran), so tests show what goes wrong. Not for "

@@ -222,6 +222,7 @@ device); both need enable_timing=True.
     d["gaps"] = s.gaps;
     d["captures"] = s.captures;
     d["captures_underway"] = s.captures_underway;
+    d["queries_paused"] = s.queries_paused;
     d["capture_forks"] = s.capture_forks;
     d["capture_joins"] = s.capture_joins;
     d["capture_kept"] = s.capture_kept;

@@ -204,9 +204,13 @@ streams and the memory.
   // The capture twin (csrc/sim/capture.h).
   py::class_<sim::Graph, std::shared_ptr<sim::Graph>>(m, "_SimGraph")
       .def("replay", &sim::Graph::replay, py::arg("stream"))
-      .def_property_readonly("accesses", &sim::Graph::accesses);
+      .def_property_readonly("accesses", &sim::Graph::accesses)
+      .def_property_readonly("captured_ops", &sim::Graph::captured_ops)
+      .def_property_readonly("eager_ops", &sim::Graph::eager_ops);
   m.def("_sim_begin_capture", &sim::begin_capture, py::arg("stream"));
   m.def("_sim_end_capture", &sim::end_capture, py::arg("stream"));
+  m.def("_sim_capture_probes", &sim::probe_calls,
+        "How often the tracker asked the sim device whether a stream is capturing.");
   m.def("_sim_capture_of", [](const c10::Stream& s) {
     return sim::capture_of(sim::State::get().timeline(s));
   }, py::arg("stream"));

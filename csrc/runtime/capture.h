@@ -23,11 +23,9 @@ bool register_capture_probe(c10::DeviceType type, CaptureProbe probe);
 core::CaptureId capture_of(const c10::Stream& stream);
 
 // Whether device queries and synchronizations are allowed now: no capture the runtime knows of
-// is underway in the process (CUDA's global capture mode forbids them in every thread during
-// one). The tracker pauses its polls and host waits while it is closed.
+// is underway in the process, or about to begin (CUDA's global capture mode forbids them in every
+// thread during one). The tracker makes its queries under the gate's permits, so its polls and
+// host waits pause while it is paused, and a capture's begin waits for the ones running.
 core::QueryGate& query_gate();
-inline bool may_query_device() {
-  return query_gate().may_query();
-}
 
 }  // namespace torch_pipeline

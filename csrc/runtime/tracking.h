@@ -99,8 +99,10 @@ struct Stats {
   std::vector<std::string> gap_ops;  // their operator names (each warned about once)
   uint64_t compiled_regions = 0;     // compiled-region calls tracked as one op (CompiledRegion)
   uint64_t compiled_unwrapped = 0;   // compiled regions that ran without one (warned about once)
-  uint64_t captures = 0;        // graph captures seen (begun through the hooks or detected)
+  uint64_t captures = 0;        // graph captures begun through the hooks
   uint64_t captures_underway = 0;  // of those, underway now (device queries paused meanwhile)
+  int64_t queries_paused = 0;   // pauses of the tracker's device queries now (captures underway
+                                // or about to begin)
   uint64_t capture_forks = 0;   // streams forked into a capture (a side pipeline's first op in it)
   uint64_t capture_joins = 0;   // streams joined back at a capture's end (their work unwaited for)
   uint64_t capture_kept = 0;    // storages kept alive for the lifetime of captured graphs
@@ -214,26 +216,44 @@ class CompiledRegion {
 };
 
 // ---- Graph capture (docs/design.md §4 "Graph capture") ----------------------------------------
-// The Python layer calls these around a capture's begin and end on the capturing thread
-// (torch.cuda.CUDAGraph.capture_begin / capture_end, and sim.Graph's). While a capture is
+// The Python layer calls these around a capture's begin and end (torch.cuda.CUDAGraph's and
+// torch.accelerator.Graph's capture_begin / capture_end, and sim.Graph's). While a capture is
 // underway no event or stream is queried or synchronized by the tracker (polls pause, in every
-// thread); the ops the capturing thread launches are captured: the waits inserted between them
-// are captured event record + wait edges, a stream outside the capture (a side pipeline's) is
-// forked into it at its first op, and nothing waits for work outside the capture (each replay is
-// ordered instead). They do nothing while the test switch set_capture_aware(false) is set.
+// thread); the ops launched on the capture's streams are captured: the waits inserted between
+// them are captured event record + wait edges, a stream outside the capture (a side pipeline's)
+// is forked into it before the capturing thread's first op there, and nothing waits for work
+// outside the capture (each replay is ordered instead). They do nothing while the test switch
+// set_capture_aware(false) is set.
 //
-// Before the device begins the capture on the calling thread's current stream: polls pause and
-// the thread's run on its streams gets its event (outside the capture). capture_begun() after it
-// registers the capture `stream` now captures into (nothing if it is not capturing);
-// capture_abandoned() undoes capture_prepare() when the begin failed.
-void capture_prepare();
-void capture_begun(const c10::Stream& stream);
+// capture_prepare(stream), on the capturing thread before the device begins capturing on
+// `stream` (its current stream): polls pause (the queries running now finish first), and the
+// thread's run of ops and the eager work on `stream` so far get their events, outside the
+// capture. capture_begun(stream) after the begin, on the same thread, registers the capture
+// `stream` now captures into and returns its handle (nullptr if it is not capturing: nothing to
+// track); the pause of capture_prepare ends either way (a registered capture holds its own).
+// capture_abandoned() undoes capture_prepare() when the begin failed. Errors leave no pause
+// behind.
+class CaptureHandle {
+ public:
+  struct Impl;
+  explicit CaptureHandle(std::unique_ptr<Impl> impl);
+  ~CaptureHandle();
+  CaptureHandle(const CaptureHandle&) = delete;
+  CaptureHandle& operator=(const CaptureHandle&) = delete;
+  const Impl& impl() const { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+void capture_prepare(const c10::Stream& stream);
+std::shared_ptr<CaptureHandle> capture_begun(const c10::Stream& stream);
 void capture_abandoned();
 
 // What a captured graph keeps (the Python layer attaches it to the graph object): the storages
-// that existed before the capture or were used in it off their allocation stream, alive for the
-// graph's lifetime (until it is dropped or reset), and weak references to everything it touches,
-// so that each replay is ordered like one op on the replaying stream (GraphReplay).
+// it uses that existed before the capture or were used in it off the stream they were born on,
+// alive for the graph's lifetime (until it is dropped or reset), and weak references to the
+// others it touches, so that each replay is ordered like one op on the replaying stream
+// (GraphReplay).
 class CapturedGraph {
  public:
   struct Impl;
@@ -249,23 +269,26 @@ class CapturedGraph {
   std::unique_ptr<Impl> impl_;
 };
 
-// Before the capture's end on the calling thread: joins back the streams (side pipelines') whose
-// captured work the capturing stream was not made to wait for (the origin waits for each, a
-// captured edge), so that the device can end the capture (CUDA would fail it with
-// cudaErrorStreamCaptureUnjoined) and each replay covers the side work too. Returns what it
-// joined ("pipeline (worker thread 0, slot 2) on its stream ..."); empty when nothing was left
-// unjoined, or the thread has no capture.
-std::vector<std::string> capture_join_back();
-// After the end (whether it succeeded or not): the capture is over and polls resume. Returns what
-// the graph keeps; nullptr when the thread had no capture.
-std::shared_ptr<CapturedGraph> capture_ended();
+// Before the end of `capture` (on any thread): joins back the streams (side pipelines') that
+// ending it now would leave unjoined: their captured work the capturing stream was not made to
+// wait for, or a fork with no work after it. The origin waits for each (a captured edge), so
+// that the device can end the capture (CUDA would fail it with cudaErrorStreamCaptureUnjoined)
+// and each replay covers the side work too. Returns how many it joined; 0 for nullptr.
+size_t capture_join_back(const CaptureHandle* capture);
+// After the end (whether it succeeded or not; on any thread): the capture is over and polls
+// resume. Returns what the graph keeps (nullptr for nullptr, or a capture ended already).
+// TORCH_CHECK error, after all of that, when tracking failed inside the capture (an op on another
+// capture's stream, or on a default stream that cannot join it): the graph is not safe to replay.
+std::shared_ptr<CapturedGraph> capture_ended(const CaptureHandle* capture);
 
 // A replay of a captured graph (CUDAGraph.replay), from construction to close(): one op on the
 // current streams of the graph's devices that reads what the graph read and writes what it wrote
 // (the storages still alive), so the replay waits for their producers on other streams and
-// later users wait for it. No-op while idle.
+// later users wait for it. The accesses of the storages the graph keeps are built once, when the
+// capture ends. No-op while idle.
 class GraphReplay {
  public:
+  struct Touched;  // what one replay touches (shared with the graph)
   explicit GraphReplay(const CapturedGraph& graph);
   ~GraphReplay();  // close()
   void close();
@@ -274,7 +297,8 @@ class GraphReplay {
 
  private:
   uint64_t period_ = 0;
-  std::vector<at::Tensor> tensors_;
+  std::shared_ptr<const Touched> touched_;  // (holds the kept tensors while the replay is open)
+  std::vector<at::Tensor> others_;          // the graph's other storages, alive at this replay
   std::vector<Launched> launched_;
   std::vector<PendingKeepAlive> keep_alive_;
 };

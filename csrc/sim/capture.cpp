@@ -11,13 +11,19 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <thread>
 
 namespace torch_pipeline {
 namespace sim {
 namespace {
 
+constexpr size_t kMaxOpsListed = 4096;  // ops a capture lists (captured, eager), each
+
 struct Capture {
   Timeline origin;
+  std::thread::id thread;  // the thread that began it
+  std::vector<std::string> captured_ops;
+  std::vector<std::string> eager_ops;
   std::unique_ptr<RaceChecker> checker = std::make_unique<RaceChecker>();
   std::map<Timeline, Timeline> local;  // sim timeline -> the capture checker's (origin first)
   std::vector<Access> accesses;        // what the captured ops touched, in order
@@ -53,7 +59,19 @@ core::CaptureId of_locked(Timeline t) {
   return it == g_captures->of.end() ? core::kNoCapture : it->second;
 }
 
+void list(std::vector<std::string>& ops, const std::string& op, Timeline t) {
+  if (ops.size() < kMaxOpsListed) {
+    ops.push_back(op + " on " + State::get().checker().label(t));
+  }
+}
+
+std::atomic<uint64_t> g_probes{0};
+
 core::CaptureId probe(const c10::Stream& stream) {
+  g_probes.fetch_add(1, std::memory_order_relaxed);
+  if (g_underway.load(std::memory_order_acquire) == 0) {
+    return core::kNoCapture;  // (before the streams' lock that State::timeline takes)
+  }
   return capture_of(State::get().timeline(stream));
 }
 
@@ -96,11 +114,18 @@ bool record_captured(Timeline t, const std::string& op, const std::vector<Access
     std::lock_guard<std::mutex> lock(g_captures->mutex);
     const core::CaptureId id = of_locked(t);
     if (id == core::kNoCapture) {
+      const std::thread::id me = std::this_thread::get_id();
+      for (auto& [other, c] : g_captures->by_id) {
+        if (c.thread == me) {
+          list(c.eager_ops, op, t);  // not captured: on a GPU it runs now, outside the graph
+        }
+      }
       return false;
     }
     Capture& c = g_captures->by_id.at(id);
     found = c.checker->record_op(local_locked(c, t), op + " (captured)", accesses);
     c.accesses.insert(c.accesses.end(), accesses.begin(), accesses.end());
+    list(c.captured_ops, op, t);
   }
   if (!found.empty()) {
     State::get().checker().note_races(found);
@@ -125,7 +150,8 @@ bool captured_snapshot(Timeline t, core::CaptureId& capture, VectorClock& clock)
   return true;
 }
 
-bool captured_wait(Timeline waiter, core::CaptureId capture, const VectorClock& clock) {
+bool captured_wait(Timeline waiter, bool is_default, core::CaptureId capture,
+                   const VectorClock& clock) {
   if (capture == core::kNoCapture && g_underway.load(std::memory_order_acquire) == 0) {
     return false;  // (the common case)
   }
@@ -146,6 +172,13 @@ bool captured_wait(Timeline waiter, core::CaptureId capture, const VectorClock& 
     return true;  // recorded in a capture that is over: it stands for no work that ran
   }
   Capture& c = it->second;
+  if (w == core::kNoCapture && is_default) {
+    c.invalidate("a wait of a default stream for an event recorded in it");
+    TORCH_CHECK(false, "sim: ", State::get().checker().label(waiter), " is a default stream and "
+                "waited for an event recorded in a capture underway; a default stream never "
+                "joins a capture (the sim twin of CUDA's cudaErrorStreamCaptureImplicit for the "
+                "legacy default stream)");
+  }
   if (w == core::kNoCapture) {
     g_captures->of[waiter] = capture;  // the waiter joins the capture
   }
@@ -168,6 +201,7 @@ core::CaptureId begin_capture(const c10::Stream& stream) {
   const core::CaptureId id = ++g_captures->next;
   Capture& c = g_captures->by_id[id];
   c.origin = t;
+  c.thread = std::this_thread::get_id();
   local_locked(c, t);
   g_captures->of[t] = id;
   g_underway.fetch_add(1, std::memory_order_acq_rel);
@@ -214,7 +248,12 @@ std::shared_ptr<Graph> end_capture(const c10::Stream& stream) {
                 " has work on ", names, " that it never waited for (the sim twin of CUDA's "
                 "cudaErrorStreamCaptureUnjoined)");
   }
-  return std::make_shared<Graph>(std::move(c.accesses));
+  return std::make_shared<Graph>(std::move(c.accesses), std::move(c.captured_ops),
+                                 std::move(c.eager_ops));
+}
+
+uint64_t probe_calls() {
+  return g_probes.load(std::memory_order_relaxed);
 }
 
 void register_capture_probe() {

@@ -14,6 +14,12 @@
 //   end_capture raises too (cudaErrorStreamCaptureInvalidated).
 // * end_capture raises when a stream joined the capture and the origin never waited for its last
 //   captured op (cudaErrorStreamCaptureUnjoined).
+// * A device's default stream that waits for an event recorded in a capture raises and
+//   invalidates it (CUDA's legacy default stream never joins a capture:
+//   cudaErrorStreamCaptureImplicit).
+// * An op the capturing thread runs on a stream that is not in its capture while it is underway
+//   is not captured: on a GPU it would run once, now, outside the graph. The twin lists them
+//   (Graph::eager_ops), next to the ops it captured (Graph::captured_ops).
 // The capture status reaches the runtime through its capture probe (csrc/runtime/capture.h).
 #pragma once
 
@@ -37,28 +43,43 @@ core::CaptureId capture_of(Timeline t);
 // call, e.g. "event query".
 void check_not_capturing(const char* what);
 
-// An op on timeline `t`: if t is capturing, checked and recorded in its capture (returns true).
+// An op on timeline `t`: if t is capturing, checked and recorded in its capture (returns true);
+// else, if the calling thread began a capture that is underway, listed as run eagerly there.
 bool record_captured(Timeline t, const std::string& op, const std::vector<Access>& accesses);
 // An event recorded on `t`: its capture and its clock there, if t is capturing.
 bool captured_snapshot(Timeline t, core::CaptureId& capture, VectorClock& clock);
-// Timeline `waiter` waits for an event recorded in `capture` (kNoCapture: outside any) with
-// `clock`: returns true if the wait belongs to a capture (joined there, or the capture is over
-// and there is nothing to wait for); raises for a capturing waiter and an event of elsewhere.
-bool captured_wait(Timeline waiter, core::CaptureId capture, const VectorClock& clock);
+// Timeline `waiter` (`is_default`: a device's default stream) waits for an event recorded in
+// `capture` (kNoCapture: outside any) with `clock`: returns true if the wait belongs to a capture
+// (joined there, or the capture is over and there is nothing to wait for); raises for a capturing
+// waiter and an event of elsewhere, and for a default stream and an event of a capture underway.
+bool captured_wait(Timeline waiter, bool is_default, core::CaptureId capture,
+                   const VectorClock& clock);
 
 // What a capture touched: replayed as one op on the replaying stream.
 class Graph {
  public:
-  explicit Graph(std::vector<Access> accesses) : accesses_(std::move(accesses)) {}
+  Graph(std::vector<Access> accesses, std::vector<std::string> captured_ops,
+        std::vector<std::string> eager_ops)
+      : accesses_(std::move(accesses)),
+        captured_ops_(std::move(captured_ops)),
+        eager_ops_(std::move(eager_ops)) {}
   void replay(const c10::Stream& stream) const;
   size_t accesses() const { return accesses_.size(); }
+  // The ops captured, in order ("aten::mul on sim:0 stream 3"), and the ops the capturing thread
+  // ran outside the capture while it was underway (on a stream not in it).
+  const std::vector<std::string>& captured_ops() const { return captured_ops_; }
+  const std::vector<std::string>& eager_ops() const { return eager_ops_; }
 
  private:
   std::vector<Access> accesses_;
+  std::vector<std::string> captured_ops_;
+  std::vector<std::string> eager_ops_;
 };
 
 core::CaptureId begin_capture(const c10::Stream& stream);
 std::shared_ptr<Graph> end_capture(const c10::Stream& stream);
+// How often the runtime asked the sim probe (tests: the op path asks only during a capture).
+uint64_t probe_calls();
 // Registers the capture probe with the runtime (from enable()).
 void register_capture_probe();
 // In a forked child: no capture survives fork.

@@ -149,7 +149,8 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     if (!r.recorded) {
       return;  // never recorded: nothing to wait for
     }
-    if (!captured_wait(t, r.capture, r.clock)) {  // (else a capture's edge, joined there)
+    // (else a capture's edge, joined there)
+    if (!captured_wait(t, stream.id() == c10::Stream::DEFAULT, r.capture, r.clock)) {
       State::get().checker().join(t, r.clock);
     }
     stream_wait(t, r.timeline, r.position);

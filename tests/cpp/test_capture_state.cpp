@@ -1,8 +1,8 @@
-// Graph capture as the tracker sees it (core/capture_state.h), driven by a fake device that
-// behaves like CUDA's global capture mode where it matters: while a capture is underway any
-// query raises and invalidates it; a stream that waits for an event recorded in a capture joins
-// it; a capturing stream that waits for an event recorded outside its capture is an error; ending
-// a capture with a joined stream whose work the origin never waited for is an error.
+// Graph capture as the tracker sees it (core/capture_state.h), each piece driven the way the
+// runtime (csrc/runtime/tracking/capture.cpp) uses it: the query gate with its permits (the
+// keep-alive poll's try_permit under a lock, the host wait's permit, a capture's begin pausing and
+// draining), the route of a launch, the ledger over a DependencyTracker's positions (forks, joins,
+// what is kept for the graph's lifetime), and the registry of captures that holds the gate paused.
 #include "core/capture_state.h"
 #include "core/dependency_tracker.h"
 
@@ -12,13 +12,12 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <map>
+#include <chrono>
 #include <memory>
 #include <stdexcept>
 #include <thread>
 #include <vector>
 
-using torch_pipeline::core::CapturedGraph;
 using torch_pipeline::core::CaptureId;
 using torch_pipeline::core::CaptureLedger;
 using torch_pipeline::core::CaptureRegistry;
@@ -30,158 +29,25 @@ using torch_pipeline::core::Position;
 using torch_pipeline::core::QueryGate;
 using torch_pipeline::core::QueryPause;
 using torch_pipeline::core::route_launch;
-using torch_pipeline::core::StorageId;
 using torch_pipeline::core::StreamId;
 
 namespace {
 
-// The fake capture state: which stream captures into which capture, and what is illegal.
-class FakeDevice {
- public:
-  struct Event {
-    CaptureId capture = kNoCapture;  // recorded in this capture
-  };
-
-  CaptureId begin(StreamId s) {
-    const CaptureId id = ++next_;
-    captures_[id] = Capture{s, false};
-    of_[s] = id;
-    return id;
-  }
-  CaptureId status(StreamId s) const {
-    const auto it = of_.find(s);
-    return it == of_.end() ? kNoCapture : it->second;
-  }
-  bool any() const { return !captures_.empty(); }
-  Event record(StreamId s) const { return Event{status(s)}; }
-  // cudaStreamWaitEvent during capture.
-  void wait(StreamId waiter, const Event& e) {
-    const CaptureId w = status(waiter);
-    if (w != kNoCapture && e.capture != w) {
-      throw std::runtime_error("isolation: a capturing stream waited for an event of elsewhere");
-    }
-    if (w == kNoCapture && e.capture != kNoCapture) {
-      of_[waiter] = e.capture;  // joins the capture
-    }
-  }
-  // cudaEventQuery / synchronize: illegal in every thread while a capture is underway.
-  void query() {
-    if (any()) {
-      for (auto& [id, c] : captures_) c.invalidated = true;
-      throw std::runtime_error("cudaErrorStreamCaptureUnsupported");
-    }
-  }
-  // cudaStreamEndCapture on the origin: `unjoined` is what the tracker's ledger says.
-  void end(StreamId origin, bool any_unjoined) {
-    const CaptureId id = status(origin);
-    ASSERT_NE(id, kNoCapture);
-    const bool invalidated = captures_[id].invalidated;
-    captures_.erase(id);
-    for (auto it = of_.begin(); it != of_.end();) {
-      it = it->second == id ? of_.erase(it) : std::next(it);
-    }
-    if (invalidated) throw std::runtime_error("cudaErrorStreamCaptureInvalidated");
-    if (any_unjoined) throw std::runtime_error("cudaErrorStreamCaptureUnjoined");
-  }
-
- private:
-  struct Capture {
-    StreamId origin;
-    bool invalidated;
-  };
-  CaptureId next_ = 100;
-  std::map<CaptureId, Capture> captures_;
-  std::map<StreamId, CaptureId> of_;
-};
-
 using Item = std::shared_ptr<int>;
 using Ledger = CaptureLedger<Item, std::weak_ptr<int>>;
-using Graph = CapturedGraph<Item, std::weak_ptr<int>>;
 
-// A capture's tracking: its own dependency tracker (positions inside the capture) and ledger.
-struct World {
-  World(CaptureId id, StreamId origin) : ledger(id, origin) {}
-  DependencyTracker tracker;
-  Ledger ledger;
-};
-
-// The tracker's side of the protocol, as csrc/runtime/tracking/capture.cpp does it, over the
-// fake device: routes each launch, forks streams into the thread's capture, inserts in-capture
-// waits as captured record+wait, and polls only when the gate allows it.
-class Runtime {
- public:
-  explicit Runtime(FakeDevice& d, bool pause = true) : dev(d), registry(gate), pause_(pause) {}
-
-  void begin(StreamId origin) {
-    QueryPause pause(gate);  // (before the device begins: no poll slips in between)
-    const CaptureId id = dev.begin(origin);
-    world = registry.add(id, [&] { return std::make_shared<World>(id, origin); });
-    thread_capture = id;
-  }
-
-  // An op on stream s reading/writing storages; returns the waits it made.
-  std::vector<Position> launch(StreamId s, const std::vector<StorageId>& reads,
-                               const std::vector<StorageId>& writes) {
-    poll();
-    switch (route_launch(thread_capture, dev.status(s))) {
-      case CaptureRoute::kEager:
-        return eager.launch(s, reads, writes).waits;
-      case CaptureRoute::kMixed:
-        throw std::logic_error("mixed captures");
-      case CaptureRoute::kFork: {
-        const StreamId o = world->ledger.origin();
-        dev.wait(s, dev.record(o));  // fork: s joins the capture
-        world->tracker.waited(s, Position{o, world->ledger.last(o)});
-        world->ledger.join(s);
-        ++forks;
-        break;
-      }
-      case CaptureRoute::kCaptured:
-        break;
-    }
-    auto l = world->tracker.launch(s, reads, writes);
-    for (const Position& w : l.waits) {
-      dev.wait(s, dev.record(w.stream));  // a captured record + wait: legal
-    }
-    world->ledger.launched(s, l.position.seq);
-    return l.waits;
-  }
-
-  // Ends the capture on its origin: the ledger names the streams not joined back.
-  std::vector<StreamId> end(bool join_first = false) {
-    const StreamId o = world->ledger.origin();
-    auto ordered = [&](StreamId a, Position p) { return world->tracker.is_ordered(a, p); };
-    std::vector<StreamId> unjoined = world->ledger.unjoined(ordered);
-    if (join_first) {
-      for (StreamId s : unjoined) {
-        dev.wait(o, dev.record(s));
-        world->tracker.waited(o, Position{s, world->ledger.last(s)});
-      }
-    }
-    const bool any = !world->ledger.unjoined(ordered).empty();
-    registry.remove(world->ledger.id());
-    thread_capture = kNoCapture;
-    dev.end(o, any);
-    return unjoined;
-  }
-
-  void poll() {
-    if (!pause_ || gate.may_query()) {
-      dev.query();
-      ++polls;
-    }
-  }
-
-  FakeDevice& dev;
-  QueryGate gate;
-  CaptureRegistry<World> registry;
-  DependencyTracker eager;
-  std::shared_ptr<World> world;
-  CaptureId thread_capture = kNoCapture;
-  int forks = 0;
-  int polls = 0;
-  bool pause_;
-};
+// The runtime's calls, with an int standing in for a storage (key: its address).
+uintptr_t key(const Item& item) {
+  return reinterpret_cast<uintptr_t>(item.get());
+}
+bool use(Ledger& ledger, const Item& item, StreamId on, bool write) {
+  return ledger.use(key(item), on, write, [&] { return std::weak_ptr<int>(item); },
+                    [&] { return item; });
+}
+bool born(Ledger& ledger, const Item& item, StreamId home, bool keep = false) {
+  return ledger.born(key(item), home, keep, [&] { return std::weak_ptr<int>(item); },
+                     [&] { return item; });
+}
 
 }  // namespace
 
@@ -189,156 +55,219 @@ TEST(CaptureRoute, FromThreadAndStreamCapture) {
   EXPECT_EQ(route_launch(kNoCapture, kNoCapture), CaptureRoute::kEager);
   EXPECT_EQ(route_launch(7, kNoCapture), CaptureRoute::kFork);
   EXPECT_EQ(route_launch(7, 7), CaptureRoute::kCaptured);
-  EXPECT_EQ(route_launch(kNoCapture, 7), CaptureRoute::kCaptured);  // a capture begun elsewhere
+  EXPECT_EQ(route_launch(kNoCapture, 7), CaptureRoute::kCaptured);  // another thread's capture
   EXPECT_EQ(route_launch(7, kUnknownCapture), CaptureRoute::kCaptured);  // invalidated
   EXPECT_EQ(route_launch(7, 8), CaptureRoute::kMixed);
 }
 
-TEST(QueryGate, PausesNestAndCountResumes) {
+TEST(QueryGate, PausesNestAndPermitsFollowThem) {
   QueryGate gate;
   EXPECT_TRUE(gate.may_query());
+  EXPECT_TRUE(gate.permit());
+  EXPECT_TRUE(gate.try_permit());
   gate.pause();
   gate.pause();
   EXPECT_FALSE(gate.may_query());
+  EXPECT_FALSE(gate.permit());      // (a host wait skips)
+  EXPECT_FALSE(gate.try_permit());  // (a poll skips)
   gate.resume();
-  EXPECT_FALSE(gate.may_query());
-  EXPECT_EQ(gate.resumes(), 0u);
+  EXPECT_FALSE(gate.permit());
+  EXPECT_EQ(gate.paused(), 1);
   gate.resume();
-  EXPECT_TRUE(gate.may_query());
-  EXPECT_EQ(gate.resumes(), 1u);
+  EXPECT_TRUE(gate.permit());
   gate.pause();
   gate.reset_after_fork();
   EXPECT_TRUE(gate.may_query());
+  EXPECT_TRUE(gate.permit());
 }
 
-TEST(QueryGate, PauseGuardResumesUnlessKept) {
+// A capture's begin (QueryPause) waits for a query that got its permit before the pause: the
+// query never runs once the capture has begun.
+TEST(QueryGate, APauseWaitsForTheQueriesRunning) {
   QueryGate gate;
-  {
-    QueryPause p(gate);  // a capture's begin that failed
-    EXPECT_FALSE(gate.may_query());
-  }
-  EXPECT_TRUE(gate.may_query());
-  {
-    QueryPause p(gate);
-    p.keep();  // it began: paused until its end
-  }
-  EXPECT_FALSE(gate.may_query());
-  gate.resume();
-  EXPECT_TRUE(gate.may_query());
-}
-
-TEST(Capture, NoQueryWhileUnderwayAndTheTwinWithoutPauseFails) {
-  FakeDevice dev;
-  Runtime rt(dev);
-  rt.launch(1, {}, {10});
-  const int before = rt.polls;
-  rt.begin(2);
-  rt.launch(2, {10}, {11});
-  rt.launch(3, {11}, {12});
-  rt.launch(2, {12}, {13});
-  EXPECT_EQ(rt.polls, before);  // paused
-  EXPECT_NO_THROW(rt.end());
-  rt.launch(1, {13}, {});
-  EXPECT_EQ(rt.polls, before + 1);  // resumed
-
-  FakeDevice dev2;
-  Runtime unpaused(dev2, /*pause=*/false);
-  unpaused.begin(2);
-  EXPECT_THROW(unpaused.launch(2, {10}, {11}), std::runtime_error);  // the illegal query
-  EXPECT_THROW(unpaused.end(), std::runtime_error);                  // invalidated
-}
-
-TEST(Capture, WaitsInsideAreCapturedEdgesAndNothingWaitsOutside) {
-  FakeDevice dev;
-  Runtime rt(dev);
-  rt.launch(1, {}, {10});  // produced outside the capture, on stream 1
-  rt.begin(2);
-  // Inside, the producer on stream 1 is not waited for (replays are ordered instead): a wait on
-  // an event of outside would be an isolation error on the device.
-  EXPECT_TRUE(rt.launch(2, {10}, {11}).empty());
-  // A side stream: forked in, then ordered after the origin's write of 11 by the fork itself.
-  EXPECT_TRUE(rt.launch(3, {11}, {12}).empty());
-  EXPECT_EQ(rt.forks, 1);
-  // Back on the origin: waits for the side's write of 12, a captured edge, which joins it back.
-  const auto w = rt.launch(2, {12}, {13});
-  ASSERT_EQ(w.size(), 1u);
-  EXPECT_EQ(w[0].stream, 3);
-  EXPECT_TRUE(rt.end().empty());
-}
-
-TEST(Capture, SideStreamNotJoinedBackIsNamed) {
-  FakeDevice dev;
-  Runtime rt(dev);
-  rt.begin(2);
-  rt.launch(2, {}, {11});
-  rt.launch(3, {11}, {12});  // side work nobody on the origin waits for
-  rt.launch(4, {}, {14});    // another one
-  rt.launch(2, {14}, {15});  // ... but this one is joined back
-  std::vector<StreamId> unjoined;
-  EXPECT_THROW(unjoined = rt.end(), std::runtime_error);  // the device's own error
-
-  FakeDevice dev2;
-  Runtime joined(dev2);
-  joined.begin(2);
-  joined.launch(2, {}, {11});
-  joined.launch(3, {11}, {12});
-  joined.launch(4, {}, {14});
-  joined.launch(2, {14}, {15});
-  const auto named = joined.end(/*join_first=*/true);  // joined before ending: no device error
-  ASSERT_EQ(named.size(), 1u);
-  EXPECT_EQ(named[0], 3);
-}
-
-TEST(CaptureLedger, KeepsForTheGraphsLifetimeAndUsesWeakly) {
-  Ledger ledger(1, 2);
-  auto before = std::make_shared<int>(1);   // existed before the capture
-  auto inside = std::make_shared<int>(2);   // made in it, used on its own stream only
-  auto foreign = std::make_shared<int>(3);  // made in it, used on another stream
-  ledger.use(1, false, [&] { return std::weak_ptr<int>(before); });
-  ledger.use(2, true, [&] { return std::weak_ptr<int>(inside); });
-  ledger.use(3, true, [&] { return std::weak_ptr<int>(foreign); });
-  ledger.use(3, false, [&] { return std::weak_ptr<int>(foreign); });
-  EXPECT_TRUE(ledger.keep(1, [&] { return before; }));
-  EXPECT_TRUE(ledger.keep(3, [&] { return foreign; }));
-  EXPECT_FALSE(ledger.keep(3, [&] { return foreign; }));  // once
-  EXPECT_EQ(ledger.kept_count(), 2u);
-  EXPECT_EQ(ledger.use_count(), 3u);
-
-  std::weak_ptr<int> w_before = before, w_inside = inside, w_foreign = foreign;
-  before.reset();
-  foreign.reset();
-  inside.reset();  // freed in the capture (its block goes back to the graph's pool)
-  auto g = std::make_unique<Graph>(ledger.finish());
-  EXPECT_EQ(ledger.kept_count(), 0u);
-  EXPECT_FALSE(w_before.expired());  // kept while the graph lives
-  EXPECT_FALSE(w_foreign.expired());
-  EXPECT_TRUE(w_inside.expired());
-  int alive = 0, written = 0;
-  g->for_each_alive([&](const std::weak_ptr<int>&, bool, bool w) {
-    ++alive;
-    written += w ? 1 : 0;
+  std::atomic<bool> querying{false}, query_done{false}, begun{false};
+  std::atomic<bool> release{false};
+  std::thread poller([&] {
+    const QueryGate::Permit permit = gate.permit();
+    EXPECT_TRUE(permit);
+    querying = true;
+    while (!release.load()) std::this_thread::yield();
+    query_done = true;  // (the query's last moment, still under the permit)
   });
-  EXPECT_EQ(alive, 2);
-  EXPECT_EQ(written, 1);
-  g.reset();  // the graph object dies
-  EXPECT_TRUE(w_before.expired());
-  EXPECT_TRUE(w_foreign.expired());
+  while (!querying.load()) std::this_thread::yield();
+  std::thread capturer([&] {
+    QueryPause pause(gate);  // returns once the poller's permit is released
+    EXPECT_TRUE(query_done.load());
+    begun = true;
+  });
+  while (gate.may_query()) std::this_thread::yield();  // the capturer paused: now it drains
+  EXPECT_FALSE(gate.try_permit());                       // (no new permit is given out)
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(begun.load());
+  release = true;
+  poller.join();
+  capturer.join();
+  EXPECT_TRUE(begun.load());
+  EXPECT_TRUE(gate.may_query());  // (the pause ended with its scope)
 }
 
-TEST(CapturedGraph, ResetDropsWhatItKept) {
-  Ledger ledger(1, 2);
-  auto x = std::make_shared<int>(1);
-  ledger.use(1, true, [&] { return std::weak_ptr<int>(x); });
-  ledger.keep(1, [&] { return x; });
-  std::weak_ptr<int> wx = x;
-  x.reset();
-  Graph g(ledger.finish());
-  EXPECT_EQ(g.kept(), 1u);
-  g.reset();
-  EXPECT_TRUE(wx.expired());
-  int n = 0;
-  g.for_each_alive([&](const std::weak_ptr<int>&, bool, bool) { ++n; });
-  EXPECT_EQ(n, 0);
+// Whatever fails between a capture's prepare and its registration, the pause ends.
+TEST(QueryGate, APauseEndsWhenItsScopeUnwinds) {
+  QueryGate gate;
+  auto prepared = std::make_unique<QueryPause>(gate);  // (kept thread-locally by the runtime)
+  EXPECT_FALSE(gate.may_query());
+  EXPECT_THROW(
+      {
+        std::unique_ptr<QueryPause> begun = std::move(prepared);  // capture_begun takes it over
+        throw std::runtime_error("registering the capture failed");
+      },
+      std::runtime_error);
+  EXPECT_TRUE(gate.may_query());
+  EXPECT_EQ(gate.paused(), 0);
+}
+
+// Pollers take try_permit under their own lock, host waiters take permit with none held, captures
+// begin and end: no query runs while a capture is underway (TSan also checks the locking).
+TEST(QueryGate, NoQueryRunsWhileACaptureIsUnderway) {
+  QueryGate gate;
+  std::mutex state;  // the tracker's state lock, held by a poller
+  std::atomic<int> capturing{0};
+  std::atomic<bool> stop{false};
+  std::atomic<int> bad{0}, queries{0};
+  auto query = [&] {
+    if (capturing.load() != 0) ++bad;
+    ++queries;
+  };
+  std::thread poller([&] {
+    while (!stop.load()) {
+      std::lock_guard<std::mutex> lock(state);
+      if (const QueryGate::Permit p = gate.try_permit()) query();
+    }
+  });
+  std::thread waiter([&] {
+    while (!stop.load()) {
+      if (const QueryGate::Permit p = gate.permit()) query();
+    }
+  });
+  std::vector<std::thread> capturers;
+  for (int t = 0; t < 2; ++t) {
+    capturers.emplace_back([&] {
+      for (int i = 0; i < 300; ++i) {
+        QueryPause pause(gate);
+        ++capturing;
+        std::this_thread::yield();
+        --capturing;
+      }
+    });
+  }
+  for (auto& c : capturers) c.join();
+  stop = true;
+  poller.join();
+  waiter.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_GT(queries.load(), 0);
+  EXPECT_TRUE(gate.may_query());
+}
+
+// The ledger over the capture's own positions, as capture.cpp keeps it: the origin (stream 1)
+// captures, a side stream is forked in (it waits for the origin), and the ledger names what ending
+// the capture now would leave unjoined.
+TEST(CaptureLedger, NamesTheStreamsLeftUnjoined) {
+  DependencyTracker tracker;
+  Ledger ledger(42, 1);
+  auto ordered = [&](StreamId a, const Position& p) { return tracker.is_ordered(a, p); };
+  ledger.launched(1, tracker.launch(1, {}, {10}).position.seq);
+  EXPECT_TRUE(ledger.unjoined(ordered).empty());  // only the origin
+
+  // Stream 2 forked in (join_world_locked): it waits for the origin's captured work so far.
+  ledger.join(2);
+  tracker.waited(2, Position{1, 1});
+  EXPECT_EQ(ledger.unjoined(ordered), std::vector<StreamId>{2});  // a fork with nothing after it
+  const auto side = tracker.launch(2, {10}, {11});
+  EXPECT_TRUE(side.waits.empty());  // ordered by the fork
+  ledger.launched(2, side.position.seq);
+  EXPECT_EQ(ledger.unjoined(ordered), std::vector<StreamId>{2});
+
+  // Stream 3 joins by waiting for a captured event (waited()), with work nothing reads.
+  ledger.join(3);
+  tracker.waited(3, Position{1, 1});
+  ledger.launched(3, tracker.launch(3, {}, {12}).position.seq);
+
+  // The origin reads stream 2's output: the captured wait joins 2 back; 3 is still unjoined.
+  const auto back = tracker.launch(1, {11}, {13});
+  ASSERT_EQ(back.waits.size(), 1u);
+  EXPECT_EQ(back.waits[0].stream, 2);
+  ledger.launched(1, back.position.seq);
+  EXPECT_EQ(ledger.unjoined(ordered), std::vector<StreamId>{3});
+
+  // capture_join_back: the origin waits for 3's last captured op.
+  tracker.waited(1, Position{3, ledger.last(3)});
+  EXPECT_TRUE(ledger.unjoined(ordered).empty());
+  EXPECT_EQ(ledger.last(2), side.position.seq);
+  EXPECT_EQ(ledger.last(4), 0u);
+  EXPECT_FALSE(ledger.joined(4));
+}
+
+// What the graph keeps for its lifetime: storages made before the capture, and those used off the
+// stream they were born on; not those born and used on one stream (the graph's pool reuses them),
+// however many other outputs came between.
+TEST(CaptureLedger, KeepsWhatReplaysUseAndLeavesTheRestToThePool) {
+  Ledger ledger(42, 1);
+  auto before = std::make_shared<int>(1);  // a static input
+  auto out = std::make_shared<int>(2);     // a static output
+  auto local = std::make_shared<int>(3);   // born on 1, used on 1
+  auto shared = std::make_shared<int>(4);  // born on 1, used on 2
+  auto host = std::make_shared<int>(5);    // host memory a captured copy writes (kept)
+  EXPECT_TRUE(use(ledger, before, 1, false));
+  EXPECT_FALSE(use(ledger, before, 2, false));  // (once)
+  EXPECT_FALSE(born(ledger, local, 1));
+  EXPECT_TRUE(born(ledger, host, 1, /*keep=*/true));
+  std::vector<Item> many;
+  for (int i = 0; i < 100; ++i) {  // (the runtime's young ring forgets `local` meanwhile)
+    many.push_back(std::make_shared<int>(100 + i));
+    EXPECT_FALSE(born(ledger, many.back(), 1));
+  }
+  EXPECT_FALSE(use(ledger, local, 1, false));
+  EXPECT_FALSE(use(ledger, local, 1, true));
+  EXPECT_FALSE(born(ledger, shared, 1));
+  EXPECT_TRUE(use(ledger, shared, 2, false));
+  EXPECT_TRUE(use(ledger, out, 1, true));
+
+  std::weak_ptr<int> w_before = before, w_local = local, w_shared = shared;
+  before.reset();
+  shared.reset();
+  many.clear();  // freed in the capture
+  Ledger::Graph g = ledger.finish();
+  ASSERT_EQ(g.kept.size(), 4u);  // before, host, shared, out
+  int written = 0;
+  for (const auto& k : g.kept) written += k.written ? 1 : 0;
+  EXPECT_EQ(written, 3);  // host, shared (born: written), out
+  ASSERT_EQ(g.others.size(), 1u);  // local, still alive (the dead ones are left out)
+  EXPECT_FALSE(g.others[0].ref.expired());
+  EXPECT_TRUE(g.others[0].written);
+  EXPECT_FALSE(w_before.expired());  // kept while the graph lives
+  g.kept.clear();                    // the graph object dies
+  EXPECT_TRUE(w_before.expired());
+  EXPECT_TRUE(w_shared.expired());
+  EXPECT_TRUE(ledger.finish().kept.empty());  // (the ledger handed everything over)
+}
+
+// Keys are addresses, which a dead storage's successor may reuse: a stale entry is replaced, so a
+// storage made outside the capture at the address of one born in it is kept as made before.
+TEST(CaptureLedger, AnAddressReusedAfterItsStorageDiedStartsAfresh) {
+  Ledger ledger(42, 1);
+  auto a = std::make_shared<int>(1);
+  const uintptr_t k = key(a);
+  EXPECT_FALSE(ledger.born(k, 1, false, [&] { return std::weak_ptr<int>(a); }, [&] { return a; }));
+  a.reset();  // dead: its address may be reused
+  auto b = std::make_shared<int>(2);
+  EXPECT_TRUE(ledger.use(k, 1, false, [&] { return std::weak_ptr<int>(b); }, [&] { return b; }));
+  auto c = std::make_shared<int>(3);  // (while b is kept, its key is never stale)
+  EXPECT_FALSE(ledger.use(k, 1, true, [&] { return std::weak_ptr<int>(c); }, [&] { return c; }));
+  const Ledger::Graph g = ledger.finish();
+  ASSERT_EQ(g.kept.size(), 1u);
+  EXPECT_EQ(g.kept[0].item, b);
+  EXPECT_TRUE(g.kept[0].written);
 }
 
 TEST(CaptureRegistry, GateClosedWhileAnyRegistered) {
@@ -359,6 +288,27 @@ TEST(CaptureRegistry, GateClosedWhileAnyRegistered) {
   EXPECT_EQ(reg.size(), 0u);
 }
 
+// capture_begun: the prepare's pause ends when the begun call returns, and the registered capture
+// holds its own; a failing make() registers nothing (and the prepare's pause still ends).
+TEST(CaptureRegistry, TakesOverThePreparesPause) {
+  QueryGate gate;
+  CaptureRegistry<int> reg(gate);
+  {
+    QueryPause prepared(gate);
+    reg.add(7, [] { return std::make_shared<int>(7); });
+  }
+  EXPECT_EQ(gate.paused(), 1);  // the capture's own
+  {
+    QueryPause prepared(gate);
+    EXPECT_THROW(reg.add(8, []() -> std::shared_ptr<int> { throw std::runtime_error("no"); }),
+                 std::runtime_error);
+  }
+  EXPECT_EQ(reg.size(), 1u);
+  EXPECT_EQ(gate.paused(), 1);
+  reg.remove(7);
+  EXPECT_TRUE(gate.may_query());
+}
+
 TEST(CaptureRegistry, ThreadsBeginAndEndWhilePollersRead) {
   QueryGate gate;
   CaptureRegistry<int> reg(gate);
@@ -368,7 +318,7 @@ TEST(CaptureRegistry, ThreadsBeginAndEndWhilePollersRead) {
   for (int i = 0; i < 2; ++i) {
     pollers.emplace_back([&] {
       while (!stop.load()) {
-        (void)gate.may_query();
+        (void)gate.try_permit();
         if (reg.find(5) != nullptr) ++found;
       }
     });
@@ -378,7 +328,10 @@ TEST(CaptureRegistry, ThreadsBeginAndEndWhilePollersRead) {
     capturers.emplace_back([&, t] {
       for (int i = 0; i < 500; ++i) {
         const CaptureId id = static_cast<CaptureId>(1 + t * 1000 + i % 10);
-        reg.add(id, [&] { return std::make_shared<int>(t); });
+        {
+          QueryPause prepared(gate);
+          reg.add(id, [&] { return std::make_shared<int>(t); });
+        }
         EXPECT_FALSE(gate.may_query());
         reg.remove(id);
       }
@@ -404,7 +357,7 @@ TEST(CaptureRegistry, ResetAfterForkForgetsCaptures) {
   if (pid == 0) {
     reg.reset_after_fork();
     gate.reset_after_fork();
-    bool ok = reg.find(1) == nullptr && gate.may_query() && reg.size() == 0;
+    bool ok = reg.find(1) == nullptr && gate.may_query() && reg.size() == 0 && gate.permit();
     reg.add(2, [] { return std::make_shared<int>(2); });
     ok = ok && !gate.may_query() && reg.find(2) != nullptr;
     _exit(ok ? 0 : 1);

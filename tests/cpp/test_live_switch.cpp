@@ -42,6 +42,7 @@ struct Model {
           }
           in_go_idle = false;
           ++idle_calls;
+          return true;
         }};
   }
 };
@@ -132,13 +133,58 @@ TEST(LiveSwitch, AFailingActionReleasesWaitersAndKeepsTheState) {
       [&] {
         if (fail) throw std::runtime_error("no");
       },
-      [] {}});
+      [] { return true; }});
   EXPECT_THROW(sw.update(true), std::runtime_error);
   EXPECT_FALSE(sw.live());
   EXPECT_FALSE(sw.switching());
   fail = false;
   sw.update(true);
   EXPECT_TRUE(sw.live());
+}
+
+// A go_idle that refuses (a graph capture is about to begin: the runtime's go_idle may not touch
+// the devices then) leaves the state live and ends the switch (no spinning while the refusal
+// lasts, whatever wanted() says); a later update goes idle.
+TEST(LiveSwitch, ARefusedGoIdleStaysLive) {
+  std::atomic<bool> capturing{false};
+  std::atomic<bool> pipelines{true};
+  int refused = 0, idled = 0;
+  LiveSwitch sw(LiveSwitch::Actions{
+      [&] { return pipelines.load() || capturing.load(); },
+      [] {},
+      [&] {
+        if (refused == 0) {
+          capturing = true;  // (a capture begins between wanted() and go_idle)
+        }
+        if (capturing) {
+          ++refused;
+          return false;
+        }
+        ++idled;
+        return true;
+      }});
+  sw.update(true);
+  EXPECT_TRUE(sw.live());
+  pipelines = false;
+  sw.update(true);
+  EXPECT_TRUE(sw.live());  // refused once, and the switch stopped
+  EXPECT_EQ(refused, 1);
+  EXPECT_EQ(idled, 0);
+  capturing = true;
+  std::atomic<bool> lying{true};  // (even a wanted() that says idle throughout does not spin)
+  LiveSwitch stubborn(LiveSwitch::Actions{
+      [&] { return !lying.load(); }, [] {}, [&] { return !lying.load(); }});
+  lying = false;
+  stubborn.update(true);
+  lying = true;
+  stubborn.update(true);
+  EXPECT_TRUE(stubborn.live());
+  EXPECT_FALSE(stubborn.switching());
+  capturing = false;  // the capture ended
+  sw.update(true);
+  EXPECT_FALSE(sw.live());
+  EXPECT_EQ(refused, 1);
+  EXPECT_EQ(idled, 1);
 }
 
 // In a forked child: idle, nobody switching, and it switches again (the child exits with _exit,

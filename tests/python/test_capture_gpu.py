@@ -6,7 +6,9 @@ into the capture and joined back by the tracker); a torch.cuda._sleep opens the 
 a replay that is not ordered after the producer of its input, or an in-graph edge that is
 missing, gives a wrong value. While a capture is underway (CUDA's global mode) another thread's
 ops with storages kept alive do not query events (which would fail the capture with
-cudaErrorStreamCaptureUnsupported). ``torch.compile(mode="reduce-overhead")`` (CUDA graph trees)
+cudaErrorStreamCaptureUnsupported). A side pipeline whose first op in a capture is a factory is
+part of every replay; ``torch.accelerator.Graph`` replays are ordered like CUDAGraph's; a relaxed
+capture may end on another thread. ``torch.compile(mode="reduce-overhead")`` (CUDA graph trees)
 under a pipeline computes what eager does. Skipped without a GPU; run by scripts/gpu_check.sh.
 """
 from __future__ import annotations
@@ -156,3 +158,84 @@ def test_reduce_overhead_under_a_pipeline_equals_eager(cycles_per_ms: float) -> 
     for want, have in zip(expected, got):
         torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-4)
     assert tp.tracking_stats()["compiled_regions"] > 0
+
+
+def test_a_factory_on_a_side_pipeline_is_part_of_every_replay() -> None:
+    # p2's first op in the capture is a factory: p2 is forked in before it runs, so the zeros are
+    # in the graph and every replay starts from them (run eagerly, once, at capture time, the
+    # accumulator would keep growing from replay to replay).
+    p, p2 = tp.Pipeline(), tp.Pipeline()
+    x = torch.ones(N, device="cuda")
+    out = torch.zeros(N, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    forks = tp.tracking_stats()["capture_forks"]
+    with tp.pipeline(p):
+        with torch.cuda.graph(g):
+            y = x * 2
+            with tp.pipeline(p2):
+                acc = torch.zeros(N, device="cuda")
+                acc.add_(y)
+            out.copy_(acc)
+    assert tp.tracking_stats()["capture_forks"] == forks + 1
+    for _ in range(3):
+        with tp.pipeline(p):
+            g.replay()
+        assert out.sum().item() == 2.0 * N
+
+
+def test_an_accelerator_graph_replays_after_its_input(cycles_per_ms: float) -> None:
+    if not hasattr(torch.accelerator, "Graph"):
+        pytest.skip("this torch has no torch.accelerator.Graph")
+    p, p1 = tp.Pipeline(), tp.Pipeline()
+    x = torch.zeros(N, device="cuda")
+    out = torch.zeros(N, device="cuda")
+    g = torch.accelerator.Graph()
+    with tp.pipeline(p):
+        side = torch.cuda.Stream()
+        with side, g:  # (captures on a stream of its own, inside p's context)
+            out.copy_(x * 2)
+    assert tp.tracking_stats()["captures_underway"] == 0
+
+    def program() -> float:
+        x.zero_()
+        out.zero_()
+        torch.cuda.synchronize()
+        with tp.pipeline(p1):
+            torch.cuda._sleep(int(50 * cycles_per_ms))
+            x.fill_(1.0)                 # the static input, written late on p1
+        with tp.pipeline(p):
+            g.replay()                   # must wait for p1
+        return out.sum().item()
+
+    both_ways(program, 2.0 * N)
+
+
+def test_a_relaxed_capture_may_end_on_another_thread() -> None:
+    p = tp.Pipeline()
+    x = torch.ones(N, device="cuda")
+    out = torch.zeros(N, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with tp.pipeline(p):
+        with torch.cuda.stream(s):
+            g.capture_begin(capture_error_mode="relaxed")
+            out.copy_(x * 2)
+    errors: List[BaseException] = []
+
+    def end() -> None:
+        try:
+            with torch.cuda.stream(s):
+                g.capture_end()
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    t = threading.Thread(target=end)
+    t.start()
+    t.join()
+    assert errors == []
+    stats = tp.tracking_stats()
+    assert stats["captures_underway"] == 0 and stats["queries_paused"] == 0
+    with tp.pipeline(p):
+        g.replay()
+    assert out.sum().item() == 2.0 * N

@@ -15,7 +15,7 @@ Graphs go through the same tracker hooks as ``torch.cuda.CUDAGraph`` (``torch_pi
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import torch
 
@@ -33,11 +33,12 @@ class Graph:
     def capture_begin(self) -> None:
         """Begins capturing on the current sim stream (which must not be a default stream)."""
         stream = torch.accelerator.current_stream()
-        _graphs.capture_begin(lambda: _C._sim_begin_capture(stream), lambda: stream)
+        _graphs.capture_begin(self, lambda: _C._sim_begin_capture(stream), lambda: stream)
         self._stream = stream
 
     def capture_end(self) -> None:
-        """Ends the capture begun by :meth:`capture_begin` (on the stream it began on)."""
+        """Ends the capture begun by :meth:`capture_begin` (on the stream it began on; from any
+        thread)."""
         if self._stream is None:
             raise RuntimeError("sim.Graph.capture_end: no capture was begun on this graph")
         stream, self._stream = self._stream, None
@@ -53,6 +54,17 @@ class Graph:
             raise RuntimeError("sim.Graph.replay: the graph has not been captured (or was reset)")
         graph = self._graph
         _graphs.replay(self, lambda: graph.replay(torch.accelerator.current_stream()))
+
+    @property
+    def captured_ops(self) -> List[str]:
+        """The ops the capture recorded, in order (``"aten::mul on sim:0 stream 3"``)."""
+        return [] if self._graph is None else list(self._graph.captured_ops)
+
+    @property
+    def eager_ops(self) -> List[str]:
+        """The ops the capturing thread ran while the capture was underway on streams not in it:
+        on a GPU they would run once, at capture time, and never at a replay."""
+        return [] if self._graph is None else list(self._graph.eager_ops)
 
     def reset(self) -> None:
         """Drops the captured graph."""

@@ -1,7 +1,7 @@
 // The capture room (see capture.h and "Graph capture" in tracking.h): captures underway, each a
 // world of its own; the hooks around a capture's begin and end; what a captured graph keeps and
 // its replays. Touches the worlds it owns, the thread's capture, the query gate (capture.h of the
-// runtime), and the main state only to end the capturing thread's run before a capture begins.
+// runtime), and the main state only to give eager work its events before a stream captures.
 #include "capture.h"
 
 #include "../context.h"
@@ -16,45 +16,56 @@
 #include <c10/core/TensorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <algorithm>
 #include <sstream>
 
 namespace torch_pipeline {
 namespace tracking {
 
+struct CaptureHandle::Impl {
+  detail::WorldPtr world;
+};
+
+// What each replay touches, built once when the capture ended (immutable, shared with the
+// replays that are open).
+struct GraphReplay::Touched {
+  std::vector<at::Tensor> kept;           // over the storages kept for the graph's lifetime
+  std::vector<detail::Access> accesses;   // over `kept`
+  std::vector<detail::GraphLedger::Other> others;  // the rest, not kept (alive at the end)
+  std::vector<c10::Device> devices;       // of `kept` (the replay enters them into the pipeline)
+};
+
 struct CapturedGraph::Impl {
-  std::mutex mutex;
-  core::CapturedGraph<c10::Storage, c10::weak_intrusive_ptr<c10::StorageImpl>> graph;
+  mutable std::mutex mutex;
+  std::shared_ptr<const GraphReplay::Touched> touched;  // (under mutex) nullptr once reset
 };
 
 namespace detail {
 namespace {
 
+constexpr size_t kMaxErrors = 8;  // errors a world remembers
+
 std::atomic<bool> g_aware{true};
 
-core::CaptureRegistry<CaptureWorld>& registry() {
-  static auto* r = new core::CaptureRegistry<CaptureWorld>(query_gate());  // leaked, like state()
-  return *r;
-}
+// Leaked, like state(): ops may run at exit.
+core::CaptureRegistry<CaptureWorld>* const g_registry =
+    new core::CaptureRegistry<CaptureWorld>(query_gate());
 
-// The capture this thread began (or was first seen launching into, when begun without the hooks).
+// The capture this thread began, until it ends (on any thread: then it is dropped here lazily).
 thread_local WorldPtr t_world;
-// capture_prepare() ran and holds a pause of the gate until capture_begun / capture_abandoned.
-thread_local bool t_prepared = false;
+// Between capture_prepare() and capture_begun() / capture_abandoned(): the prepare's pause.
+thread_local std::unique_ptr<core::QueryPause> t_prepared;
 
 c10::Stream current_stream(const c10::Device& d) {
   return c10::impl::getDeviceGuardImpl(d.type())->getStream(d);
 }
 
-// A detected capture (begun without the hooks) whose origin no longer captures: it ended.
-void end_detected(WorldPtr& w) {
-  registry().remove(w->id);
-  warn_once("capture without hooks",
-            "a graph capture was begun without torch.cuda.graph / CUDAGraph.capture_begin (e.g. "
-            "by an extension calling cudaStreamBeginCapture): its ops were captured with legal "
-            "waits, but what the graph uses could not be tied to the graph object, so it was "
-            "not kept alive past the capture and its replays are not ordered. Capture through "
-            "torch.cuda.graph (or CUDAGraph.capture_begin / capture_end).");
-  w.reset();
+// This thread's capture, if it has not ended.
+WorldPtr& thread_world() {
+  if (t_world && t_world->ended.load(std::memory_order_acquire)) {
+    t_world.reset();
+  }
+  return t_world;
 }
 
 uintptr_t key_of(const c10::Storage& s) {
@@ -73,26 +84,106 @@ at::Tensor tensor_of(c10::Storage storage) {
   return t;
 }
 
-// "pipeline (worker thread 0, slot 1) on its stream <stream>", or the stream for one that no
-// pipeline owns.
-std::string describe(const c10::Stream& stream) {
-  std::ostringstream out;
-  for (const Runtime::SlotStream& s : Runtime::get().slot_streams()) {
-    if (s.stream == stream) {
-      out << "pipeline (worker thread " << s.worker_id << ", slot " << s.slot;
-      if (s.priority != 0) out << ", priority " << s.priority;
-      out << ") on its " << stream;
-      return out.str();
+WorldPtr make_world(core::CaptureId id, const c10::Stream& origin) {
+  count(g_counters.captures);
+  return std::make_shared<CaptureWorld>(id, origin);
+}
+
+// Tracking failed inside the capture of `w`: raised again when it ends (the first few).
+void note_error_locked(CaptureWorld& w, const std::string& message) {
+  if (w.errors.size() < kMaxErrors &&
+      std::find(w.errors.begin(), w.errors.end(), message) == w.errors.end()) {
+    w.errors.push_back(message);
+  }
+}
+
+[[noreturn]] void fail_in(CaptureWorld& w, const std::string& message, bool locked) {
+  if (locked) {
+    note_error_locked(w, message);
+  } else {
+    std::lock_guard<std::mutex> lock(w.st.mutex);
+    note_error_locked(w, message);
+  }
+  TORCH_CHECK(false, message);
+}
+
+// The main state's eager work on `stream` so far gets an event, before the stream captures: a
+// later eager waiter for it must find one kept (recording it once the stream captures would put
+// it in the graph). Takes the main state's lock.
+void record_eager_end(const c10::Stream& stream) {
+  if (!live()) {
+    return;
+  }
+  LiveState& st = state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  const auto it = st.streams.find(stream);
+  if (it != st.streams.end()) {
+    record_locked(st, it->second->id, it->second->log.settled());
+  }
+}
+
+// The slow path of world_for_launch (a capture is underway, or this thread is about to begin one).
+WorldPtr find_world(const std::vector<c10::Device>& devices) {
+  WorldPtr& mine = thread_world();
+  for (const c10::Device& d : devices) {
+    const c10::Stream stream = current_stream(d);
+    const core::CaptureId id = capture_of(stream);
+    switch (core::route_launch(mine ? mine->id : core::kNoCapture, id)) {
+      case core::CaptureRoute::kEager:
+        continue;
+      case core::CaptureRoute::kFork:
+        return mine;  // (join_world_locked forks the stream in)
+      case core::CaptureRoute::kMixed: {
+        std::ostringstream msg;
+        msg << "torch_pipeline: an op was launched on " << stream
+            << ", which is capturing into another graph than the one this thread is capturing "
+               "(on "
+            << mine->origin
+            << "). Capture one graph per thread, and do not use another thread's capturing "
+               "stream.";
+        fail_in(*mine, msg.str(), /*locked=*/false);
+      }
+      case core::CaptureRoute::kCaptured:
+        if (mine && (id == mine->id || id == core::kUnknownCapture)) {
+          return mine;
+        }
+        if (id == core::kUnknownCapture) {
+          continue;  // an invalidated capture this thread did not begin: left to the device
+        }
+        if (WorldPtr w = g_registry->find(id)) {
+          return w;  // another thread's capture (its stream, or one that joined it)
+        }
+        if (t_prepared && !mine) {
+          // This thread's capture, begun by the device and not registered yet (capture_begun
+          // finds it registered).
+          mine = g_registry->add(id, [&] { return make_world(id, stream); });
+          return mine;
+        }
+        warn_once("capture without hooks",
+                  "an op was launched on a stream that is capturing into a graph "
+                  "that was not begun through torch.cuda.graph / CUDAGraph.capture_begin (e.g. "
+                  "by an extension calling cudaStreamBeginCapture). That is not supported while "
+                  "a pipeline is alive: the op is tracked as if it ran now (its waits for other "
+                  "streams may fail the capture), and the tracker's event queries may fail it. "
+                  "Capture through torch.cuda.graph (or CUDAGraph.capture_begin / capture_end, "
+                  "torch.accelerator.Graph).");
+        continue;
     }
   }
-  out << stream << " (no pipeline's)";
-  return out.str();
+  return nullptr;
+}
+
+// Tracking may go idle now that a capture's pause ended (a pause keeps it live).
+void idle_if_unwanted() {
+  if (live()) {
+    update_live(/*settle=*/false);
+  }
 }
 
 }  // namespace
 
-CaptureWorld::CaptureWorld(core::CaptureId i, const c10::Stream& o, bool n)
-    : id(i), origin(o), notified(n), ledger(i, /*origin's id in st*/ 1) {
+CaptureWorld::CaptureWorld(core::CaptureId i, const c10::Stream& o)
+    : id(i), origin(o), ledger(i, /*origin's id in st*/ 1) {
   st.period = kCapturePeriod | (i & ~kCapturePeriod);
   const StreamEntry& e = acquire_stream_locked(st, origin);  // (no baseline in a world)
   TORCH_INTERNAL_ASSERT(e.id == 1, "the origin of a capture is its world's first stream");
@@ -103,65 +194,36 @@ bool capture_aware() {
 }
 
 WorldPtr world_for_launch(const std::vector<c10::Device>& devices) {
+  if (g_registry->size() == 0 && !t_prepared) {
+    return nullptr;  // (the op path: no capture begun through the hooks is underway)
+  }
   if (!capture_aware()) {
     return nullptr;
   }
-  WorldPtr& mine = t_world;
-  if (mine && !mine->notified && capture_of(mine->origin) != mine->id) {
-    end_detected(mine);
-  }
-  for (const c10::Device& d : devices) {
-    const c10::Stream stream = current_stream(d);
-    const core::CaptureId id = capture_of(stream);
-    switch (core::route_launch(mine ? mine->id : core::kNoCapture, id)) {
-      case core::CaptureRoute::kEager:
-        continue;
-      case core::CaptureRoute::kFork:
-        return mine;
-      case core::CaptureRoute::kMixed:
-        TORCH_CHECK(false, "torch_pipeline: an op was launched on ", stream,
-                    ", which is capturing into another graph than the one this thread is "
-                    "capturing (on ", mine->origin, "). Capture one graph per thread, and do "
-                    "not use another thread's capturing stream.");
-      case core::CaptureRoute::kCaptured:
-        if (mine && (id == mine->id || id == core::kUnknownCapture)) {
-          return mine;
-        }
-        if (id == core::kUnknownCapture) {
-          continue;  // an invalidated capture never seen: left to the device
-        }
-        WorldPtr w = registry().find(id);
-        if (!w) {
-          w = registry().add(id, [&] {
-            count(g_counters.captures);
-            return std::make_shared<CaptureWorld>(id, stream, /*notified=*/false);
-          });
-          if (!mine) {
-            mine = w;  // this thread detected it: it ends it when its origin stops capturing
-          }
-        }
-        return w;
-    }
-  }
-  return nullptr;
+  return find_world(devices);
 }
 
 WorldPtr world_of_period(uint64_t period) {
-  return registry().find(period & ~kCapturePeriod);
+  return g_registry->find(period & ~kCapturePeriod);
 }
 
 WorldPtr world_of_stream(const c10::Stream& stream) {
-  if (!capture_aware()) {
+  if (g_registry->size() == 0 || !capture_aware()) {
     return nullptr;
   }
   const core::CaptureId id = capture_of(stream);
   if (id == core::kNoCapture) {
     return nullptr;
   }
-  if (id == core::kUnknownCapture || (t_world && t_world->id == id)) {
-    return t_world;
+  const WorldPtr& mine = thread_world();
+  if (mine && (id == core::kUnknownCapture || id == mine->id)) {
+    return mine;
   }
-  return registry().find(id);
+  return id == core::kUnknownCapture ? nullptr : g_registry->find(id);
+}
+
+bool capturing_thread() {
+  return t_world && !t_world->ended.load(std::memory_order_acquire);
 }
 
 void join_world_locked(CaptureWorld& w, StreamEntry& se) {
@@ -169,8 +231,21 @@ void join_world_locked(CaptureWorld& w, StreamEntry& se) {
     return;
   }
   if (capture_of(se.stream) != w.id) {
-    // Not capturing into this capture: fork it in (it waits for the origin's captured work so
-    // far; the event is recorded in the capture, so the wait is a captured edge).
+    const c10::Device device = se.stream.device();
+    if (se.stream == c10::impl::getDeviceGuardImpl(device.type())->getDefaultStream(device)) {
+      std::ostringstream msg;
+      msg << "torch_pipeline: an op inside the graph capture on " << w.origin << " runs on "
+          << se.stream << ", the default stream of " << device
+          << ", which cannot join a capture (CUDA's legacy default stream is never captured: "
+             "cudaErrorStreamCaptureImplicit). Run that device's work in a pipeline (with "
+             "tp.pipeline(p): ...) or on a side stream inside the capture, or keep it out of "
+             "the capture.";
+      fail_in(w, msg.str(), /*locked=*/true);
+    }
+    // Not capturing into this capture: its eager work gets its event outside the capture, then it
+    // is forked in (it waits for the origin's captured work so far; the event is recorded in the
+    // capture, so the wait is a captured edge).
+    record_eager_end(se.stream);
     StreamEntry& o = *w.st.by_id.at(w.ledger.origin());
     c10::Event fork(o.stream.device_type());
     fork.record(o.stream);
@@ -185,147 +260,195 @@ void join_world_locked(CaptureWorld& w, StreamEntry& se) {
   w.ledger.join(se.id);
 }
 
-void capture_use_locked(CaptureWorld& w, StorageEntry& e, StreamEntry& se,
-                        const c10::Storage& storage, bool write) {
-  const uintptr_t key = key_of(storage);
-  w.ledger.use(key, write, [&] { return storage.getWeakStorageImpl(); });
-  // Made before the capture (home unknown here): every replay uses it. Made in the capture and
-  // used on another stream: its block must not go to later captured work of its own stream.
-  if (e.home == 0 || e.home != se.id) {
-    if (w.ledger.keep(key, [&] { return storage; })) {
-      count(g_counters.capture_kept);
-    }
+void capture_use_locked(CaptureWorld& w, StreamEntry& se, const c10::Storage& storage, bool write) {
+  if (w.ledger.use(key_of(storage), se.id, write, [&] { return storage.getWeakStorageImpl(); },
+                   [&] { return tensor_of(storage); })) {
+    count(g_counters.capture_kept);
   }
 }
 
-void capture_output_locked(CaptureWorld& w, const c10::Storage& storage) {
-  const uintptr_t key = key_of(storage);
-  w.ledger.use(key, /*write=*/true, [&] { return storage.getWeakStorageImpl(); });
-  if (storage.device().is_cpu() && w.ledger.keep(key, [&] { return storage; })) {
-    count(g_counters.capture_kept);  // host memory a captured copy writes at every replay
+void capture_output_locked(CaptureWorld& w, const c10::Storage& storage, core::StreamId home) {
+  // Host memory a captured copy writes is written at every replay: kept.
+  if (w.ledger.born(key_of(storage), home, /*keep=*/storage.device().is_cpu(),
+                    [&] { return storage.getWeakStorageImpl(); },
+                    [&] { return tensor_of(storage); })) {
+    count(g_counters.capture_kept);
   }
+}
+
+bool captures_now(const c10::Stream& stream) {
+  return query_gate().paused() > 0 && capture_aware() && capture_of(stream) != core::kNoCapture;
+}
+
+void explain_failed_query(const char* what, const c10::Error& e, uint64_t period) {
+  static std::atomic<uint64_t> warned_period{0};
+  if (warned_period.exchange(period) == period) {
+    return;
+  }
+  warn(std::string(what) + " failed (" + e.what_without_backtrace() +
+                "). If a graph capture that was not begun through torch.cuda.graph / "
+                "CUDAGraph.capture_begin is underway (an extension calling "
+                "cudaStreamBeginCapture directly, say), that is why: the tracker queries events "
+                "to let go of memory it keeps alive and cannot know of such a capture, which the "
+                "query fails (cudaErrorStreamCaptureUnsupported). Capturing that way is not "
+                "supported while a pipeline is alive: capture through torch.cuda.graph (or "
+                "CUDAGraph.capture_begin / capture_end, torch.accelerator.Graph), or with no "
+                "pipeline alive. (Warned once per live period.)");
 }
 
 void reset_captures_after_fork() {
-  registry().reset_after_fork();
+  g_registry->reset_after_fork();
   query_gate().reset_after_fork();
   if (t_world) {
     new WorldPtr(std::move(t_world));  // (leaked: its lock may be held by a thread now gone)
   }
   t_world.reset();
-  t_prepared = false;
+  (void)t_prepared.release();  // (leaked: its gate was reset above)
 }
 
 size_t captures_underway() {
-  return registry().size();
+  return g_registry->size();
 }
 
 }  // namespace detail
 
 // ---- the hooks around a capture's begin and end -------------------------------------------------
 
-void capture_prepare() {
+CaptureHandle::CaptureHandle(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CaptureHandle::~CaptureHandle() = default;
+
+void capture_prepare(const c10::Stream& stream) {
   using namespace detail;
   if (!capture_aware()) {
     return;
   }
-  TORCH_CHECK(!t_prepared && !(t_world && t_world->notified),
+  TORCH_CHECK(!t_prepared && !thread_world(),
               "torch_pipeline: this thread is already capturing a graph; a thread captures one "
               "graph at a time (end that capture first)");
-  query_gate().pause();
-  t_prepared = true;
-  if (!live()) {
-    return;
+  // Queries pause here, and the ones running now finish first. Until the capture is registered
+  // the pause is the prepare's: released whatever fails from here on.
+  auto pause = std::make_unique<core::QueryPause>(query_gate());
+  if (live()) {
+    // Outside the capture: the thread's run of ops ends here (its event is recorded now, so later
+    // waits for it find it kept), and so does the eager work on the stream about to capture
+    // (another thread's reader of it must not record its event inside the capture).
+    LiveState& st = state();
+    std::lock_guard<std::mutex> lock(st.mutex);
+    ThreadRun& run = thread_run();
+    if (run.last.seq != 0 && run.last_period == st.period) {
+      record_locked(st, run.last.stream, run.last.seq);
+    }
+    run.last = Position{};
+    const auto it = st.streams.find(stream);
+    if (it != st.streams.end()) {
+      record_locked(st, it->second->id, it->second->log.settled());
+    }
   }
-  // The thread's run of ops on its current stream ends here, outside the capture: its event is
-  // recorded now (later waits for it find it kept) rather than inside the capture.
-  LiveState& st = state();
-  std::lock_guard<std::mutex> lock(st.mutex);
-  ThreadRun& run = thread_run();
-  if (run.last.seq != 0 && run.last_period == st.period) {
-    record_locked(st, run.last.stream, run.last.seq);
-  }
-  run.last = Position{};
+  t_prepared = std::move(pause);
 }
 
-void capture_begun(const c10::Stream& stream) {
+std::shared_ptr<CaptureHandle> capture_begun(const c10::Stream& stream) {
   using namespace detail;
-  if (!t_prepared) {
-    return;
+  std::unique_ptr<core::QueryPause> prepared = std::move(t_prepared);
+  if (!prepared) {
+    return nullptr;
   }
-  t_prepared = false;
+  std::shared_ptr<CaptureHandle> handle;
   const core::CaptureId id = capture_of(stream);
   if (id != core::kNoCapture && id != core::kUnknownCapture) {
-    if (t_world && !t_world->notified) {
-      end_detected(t_world);
-    }
-    t_world = registry().add(id, [&] {
-      count(g_counters.captures);
-      return std::make_shared<CaptureWorld>(id, stream, /*notified=*/true);
-    });
+    WorldPtr w = g_registry->add(id, [&] { return make_world(id, stream); });
+    auto impl = std::make_unique<CaptureHandle::Impl>();
+    impl->world = w;
+    handle = std::make_shared<CaptureHandle>(std::move(impl));
+    t_world = std::move(w);
   }
-  query_gate().resume();  // (the registry holds its own pause while the capture is underway)
+  prepared.reset();  // (the registry holds its own pause while the capture is underway)
+  if (!handle) {
+    idle_if_unwanted();  // (a go-idle refused meanwhile)
+  }
+  return handle;
 }
 
 void capture_abandoned() {
   using namespace detail;
   if (t_prepared) {
-    t_prepared = false;
-    query_gate().resume();
+    t_prepared.reset();
+    idle_if_unwanted();
   }
 }
 
-std::vector<std::string> capture_join_back() {
+size_t capture_join_back(const CaptureHandle* capture) {
   using namespace detail;
-  const WorldPtr w = t_world;
-  if (!w) {
-    return {};
+  if (capture == nullptr) {
+    return 0;
   }
-  std::vector<c10::Stream> streams;
-  {
-    std::lock_guard<std::mutex> lock(w->st.mutex);
-    const StreamId origin = w->ledger.origin();
-    const auto unjoined = w->ledger.unjoined(
-        [&](StreamId a, const Position& p) { return w->st.tracker->is_ordered(a, p); });
-    for (const StreamId s : unjoined) {
-      StreamEntry& e = *w->st.by_id.at(s);
-      // Joined now, so the device can end the capture (a captured edge).
-      c10::Event join(e.stream.device_type());
-      join.record(e.stream);
-      join.block(w->origin);
-      w->st.tracker->waited(origin, Position{s, w->ledger.last(s)});
-      count(g_counters.events);
-      count(g_counters.waits);
-      count(g_counters.capture_joins);
-      streams.push_back(e.stream);
+  CaptureWorld& w = *capture->impl().world;
+  std::lock_guard<std::mutex> lock(w.st.mutex);
+  const StreamId origin = w.ledger.origin();
+  const auto unjoined = w.ledger.unjoined(
+      [&](StreamId a, const Position& p) { return w.st.tracker->is_ordered(a, p); });
+  for (const StreamId s : unjoined) {
+    StreamEntry& e = *w.st.by_id.at(s);
+    // Joined now, so the device can end the capture (a captured edge).
+    c10::Event join(e.stream.device_type());
+    join.record(e.stream);
+    join.block(w.origin);
+    if (const uint64_t last = w.ledger.last(s); last != 0) {
+      w.st.tracker->waited(origin, Position{s, last});
     }
+    count(g_counters.events);
+    count(g_counters.waits);
+    count(g_counters.capture_joins);
   }
-  std::vector<std::string> names;
-  for (const c10::Stream& s : streams) {
-    names.push_back(describe(s));
-  }
-  return names;
+  return unjoined.size();
 }
 
-std::shared_ptr<CapturedGraph> capture_ended() {
+std::shared_ptr<CapturedGraph> capture_ended(const CaptureHandle* capture) {
   using namespace detail;
-  capture_abandoned();
-  WorldPtr w = std::move(t_world);
-  t_world.reset();
-  if (!w) {
+  if (capture == nullptr) {
     return nullptr;
   }
-  registry().remove(w->id);  // polls resume
-  auto impl = std::make_unique<CapturedGraph::Impl>();
+  const WorldPtr& w = capture->impl().world;
+  if (w->ended.exchange(true)) {
+    return nullptr;  // (ended already)
+  }
+  g_registry->remove(w->id);  // polls resume
+  if (t_world == w) {
+    t_world.reset();  // (on another thread, the beginning thread drops it at its next look)
+  }
+  GraphLedger::Graph g;
+  std::vector<std::string> errors;
   {
     std::lock_guard<std::mutex> lock(w->st.mutex);
-    impl->graph = decltype(impl->graph)(w->ledger.finish());
+    g = w->ledger.finish();
+    errors = std::move(w->errors);
+  }  // (the world itself goes with the last handle: its positions mean nothing any more)
+  auto touched = std::make_shared<GraphReplay::Touched>();
+  touched->kept.reserve(g.kept.size());
+  touched->accesses.reserve(g.kept.size());
+  for (GraphLedger::Kept& k : g.kept) {
+    touched->kept.push_back(std::move(k.item));
+    const c10::Device d = touched->kept.back().device();
+    if (!d.is_cpu() &&
+        std::find(touched->devices.begin(), touched->devices.end(), d) == touched->devices.end()) {
+      touched->devices.push_back(d);
+    }
   }
-  w.reset();  // (the world's events and entries go; its positions mean nothing any more)
-  if (live() && g_pipelines.load() == 0 && g_pins.load() == 0) {
-    update_live(/*settle=*/false);  // a capture underway kept tracking live
+  for (size_t i = 0; i < g.kept.size(); ++i) {
+    touched->accesses.push_back(Access{&touched->kept[i], g.kept[i].written});
   }
-  return std::make_shared<CapturedGraph>(std::move(impl));
+  touched->others = std::move(g.others);
+  auto impl = std::make_unique<CapturedGraph::Impl>();
+  impl->touched = std::move(touched);
+  auto graph = std::make_shared<CapturedGraph>(std::move(impl));
+  idle_if_unwanted();
+  if (!errors.empty()) {
+    std::string all;
+    for (const std::string& e : errors) all += "\n  " + e;
+    TORCH_CHECK(false, "torch_pipeline: tracking failed inside the graph capture on ", w->origin,
+                ", so the graph is not safe to replay:", all);
+  }
+  return graph;
 }
 
 void set_capture_aware(bool aware) {
@@ -339,12 +462,13 @@ CapturedGraph::~CapturedGraph() = default;
 
 size_t CapturedGraph::kept() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  return impl_->graph.kept();
+  return impl_->touched ? impl_->touched->kept.size() : 0;
 }
 
 void CapturedGraph::reset() {
+  std::shared_ptr<const GraphReplay::Touched> dropped;  // (freed after the lock)
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  impl_->graph.reset();
+  dropped = std::move(impl_->touched);
 }
 
 GraphReplay::GraphReplay(const CapturedGraph& graph) {
@@ -352,29 +476,44 @@ GraphReplay::GraphReplay(const CapturedGraph& graph) {
   if (!live()) {
     return;
   }
-  std::vector<bool> written;
   {
-    auto& g = const_cast<CapturedGraph::Impl&>(graph.impl());
+    const CapturedGraph::Impl& g = graph.impl();
     std::lock_guard<std::mutex> lock(g.mutex);
-    g.graph.for_each_alive([&](const c10::weak_intrusive_ptr<c10::StorageImpl>& ref, bool,
-                               bool w) {
-      c10::intrusive_ptr<c10::StorageImpl> impl = ref.lock();
-      if (impl && impl->data() != nullptr) {
-        tensors_.push_back(tensor_of(c10::Storage(std::move(impl))));
-        written.push_back(w);
-      }
-    });
+    touched_ = g.touched;
   }
-  if (tensors_.empty()) {
+  if (!touched_) {
+    return;
+  }
+  const Touched& t = *touched_;
+  // The kept storages' accesses are built already; the others are looked up now, and a kept
+  // storage whose memory was let go (resized to nothing) is left out.
+  const bool all_data = std::all_of(t.kept.begin(), t.kept.end(),
+                                    [](const at::Tensor& k) { return has_data(k); });
+  const bool direct = all_data && t.others.empty();
+  std::vector<Access> some;
+  if (!direct) {
+    some.reserve(t.accesses.size() + t.others.size());
+    for (const Access& a : t.accesses) {
+      if (has_data(*a.tensor)) some.push_back(a);
+    }
+    others_.reserve(t.others.size());  // (Access points into it: no reallocation)
+    for (const GraphLedger::Other& o : t.others) {
+      c10::intrusive_ptr<c10::StorageImpl> impl = o.ref.lock();
+      if (impl && impl->data() != nullptr) {
+        others_.push_back(tensor_of(c10::Storage(std::move(impl))));
+        some.push_back(Access{&others_.back(), o.written});
+      }
+    }
+  }
+  const std::vector<Access>& accesses = direct ? t.accesses : some;
+  if (accesses.empty()) {
     return;
   }
   count(g_counters.graph_replays);
-  std::vector<Access> accesses;
-  accesses.reserve(tensors_.size());
-  for (size_t i = 0; i < tensors_.size(); ++i) {
-    accesses.push_back(Access{&tensors_[i], written[i]});
-    if (!tensors_[i].device().is_cpu() && in_pipeline()) {
-      enter_device(tensors_[i].device());
+  if (in_pipeline()) {
+    for (const c10::Device& d : t.devices) enter_device(d);
+    for (const at::Tensor& o : others_) {
+      if (!o.device().is_cpu()) enter_device(o.device());
     }
   }
   open_scope(accesses, launched_, period_, keep_alive_);
@@ -388,7 +527,8 @@ void GraphReplay::close() {
   if (!launched_.empty()) {
     detail::close_scope(launched_, period_, keep_alive_, nullptr, "a graph replay");
   }
-  tensors_.clear();
+  others_.clear();
+  touched_.reset();
 }
 
 }  // namespace tracking

@@ -1,11 +1,13 @@
 // Internal to the tracker. The capture room (docs/design.md §4 "Graph capture"): binds
-// core/capture_state.h to c10. A capture underway is a CaptureWorld: a LiveState of its own, in
-// which the ops captured into the graph get positions (they do not run now), so the waits the
-// tracker inserts between them are captured event record + wait edges, and nothing waits for work
-// outside the capture (illegal there; replays are ordered instead). The world's ledger names the
-// streams that joined the capture and what the graph keeps alive. Owns the registry of captures,
-// the thread's capture, and the test switch; the launch room asks it which state an op launches
-// in. Callers of *_locked hold the world's LiveState::mutex.
+// core/capture_state.h to c10. A capture begun through the hooks (tracking.h: capture_prepare,
+// capture_begun) is a CaptureWorld: a LiveState of its own, in which the ops captured into the
+// graph get positions (they do not run now), so the waits the tracker inserts between them are
+// captured event record + wait edges, and nothing waits for work outside the capture (illegal
+// there; replays are ordered instead). The world's ledger names the streams that joined the
+// capture and what the graph keeps alive. Owns the registry of captures, the thread's capture,
+// and the test switch; the launch room asks it which state an op launches in. Callers of *_locked
+// hold the world's LiveState::mutex; a world's lock may be held while the main state's is taken,
+// never the other way round.
 #pragma once
 
 #include "state.h"
@@ -13,16 +15,22 @@
 #include "../../core/capture_state.h"
 #include "../capture.h"
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/util/Exception.h>
 
+#include <atomic>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace torch_pipeline {
 namespace tracking {
 namespace detail {
 
-using GraphLedger = core::CaptureLedger<c10::Storage, c10::weak_intrusive_ptr<c10::StorageImpl>>;
+// Strong: a tensor over the whole storage (kept alive, and the access of every replay, built
+// once); Weak: the storage, not kept.
+using GraphLedger = core::CaptureLedger<at::Tensor, c10::weak_intrusive_ptr<c10::StorageImpl>>;
 
 // Periods of capture worlds have this bit (with the capture id below it); the main state's never.
 constexpr uint64_t kCapturePeriod = uint64_t{1} << 63;
@@ -31,12 +39,14 @@ inline bool is_capture_period(uint64_t period) {
 }
 
 struct CaptureWorld {
-  CaptureWorld(core::CaptureId id, const c10::Stream& origin, bool notified);
+  CaptureWorld(core::CaptureId id, const c10::Stream& origin);
   const core::CaptureId id;
   const c10::Stream origin;
-  const bool notified;  // begun through capture_begun (else detected at a launch on its stream)
-  LiveState st;         // positions inside the capture (st.period: kCapturePeriod | id)
-  GraphLedger ledger;   // (under st.mutex)
+  std::atomic<bool> ended{false};  // capture_ended ran (on any thread)
+  LiveState st;                    // positions inside the capture (st.period: kCapturePeriod | id)
+  GraphLedger ledger;              // (under st.mutex)
+  std::vector<std::string> errors;  // tracking errors inside the capture, raised at its end
+                                    // (under st.mutex; the first few)
 };
 using WorldPtr = std::shared_ptr<CaptureWorld>;
 
@@ -44,29 +54,46 @@ using WorldPtr = std::shared_ptr<CaptureWorld>;
 bool capture_aware();
 
 // The capture world an op launching on the current streams of `devices` belongs to: nullptr for
-// the main state (no capture involved). Registers a capture seen for the first time (one not
-// begun through capture_begun), and ends the thread's detected capture once its origin stopped
-// capturing. TORCH_CHECK error for a stream of another capture than the thread's.
+// the main state (no capture involved). One atomic load and one thread-local read, with no device
+// call, unless a capture begun through the hooks is underway (or this thread is about to begin
+// one). A stream capturing into a capture not begun through the hooks is not supported (warned
+// about once; the op is tracked in the main state). TORCH_CHECK error (also raised at the end of
+// the thread's capture) for a stream of another capture than the thread's.
 WorldPtr world_for_launch(const std::vector<c10::Device>& devices);
 // The world of `period` (a capture period), if that capture is still underway.
 WorldPtr world_of_period(uint64_t period);
-// The world `stream` captures into, among the thread's and the registered ones; nullptr if none.
+// The world `stream` captures into, among the registered ones; nullptr if none (at once, with no
+// device call, while none is underway).
 WorldPtr world_of_stream(const c10::Stream& stream);
+// Whether this thread began a capture that is still underway (cheap: a thread-local read).
+bool capturing_thread();
 
 // A stream the capture's op launches on, seen in the world for the first time: joins the ledger;
 // one that is not capturing into this capture yet is forked into it first (it waits for an event
-// recorded on the origin: a captured edge).
+// recorded on the origin: a captured edge), after its eager work got an event in the main state.
+// TORCH_CHECK error (also raised at the capture's end) for a device's default stream, which
+// cannot join a capture (CUDA's legacy stream: cudaErrorStreamCaptureImplicit).
 void join_world_locked(CaptureWorld& w, StreamEntry& se);
-// The captured op uses `storage` (entry `e`) on `se`: noted in the ledger, and kept alive for the
-// graph's lifetime when it existed before the capture or is used off its allocation stream.
-void capture_use_locked(CaptureWorld& w, StorageEntry& e, StreamEntry& se,
-                        const c10::Storage& storage, bool write);
-// A fresh output of a captured op: written by the graph.
-void capture_output_locked(CaptureWorld& w, const c10::Storage& storage);
+// The captured op uses `storage` on `se`: noted in the ledger, and kept alive for the graph's
+// lifetime when it was not born in the capture or is used off the stream it was born on.
+void capture_use_locked(CaptureWorld& w, StreamEntry& se, const c10::Storage& storage, bool write);
+// A fresh output of a captured op on world stream `home`: born in the capture, written by the
+// graph (host memory, which a captured copy writes at every replay, is kept alive).
+void capture_output_locked(CaptureWorld& w, const c10::Storage& storage, core::StreamId home);
+
+// Whether the main state must not record an event on `stream` now: a capture is underway and
+// `stream` captures into it (the event would be part of the graph, and a stream that waited for
+// it would join the capture). One atomic load while no capture is underway.
+bool captures_now(const c10::Stream& stream);
+
+// A device query (an event query or synchronize) the tracker made in live period `period` failed:
+// warns (once per period), saying what to do when a capture begun without the hooks is underway
+// (the likely cause).
+void explain_failed_query(const char* what, const c10::Error& e, uint64_t period);
 
 // In a forked child: no capture survives fork.
 void reset_captures_after_fork();
-// Captures registered now (keeps tracking from going idle while any is underway).
+// Captures registered now.
 size_t captures_underway();
 
 }  // namespace detail

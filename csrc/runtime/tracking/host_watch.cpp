@@ -5,6 +5,7 @@
 
 #include "../capture.h"
 #include "../warn.h"
+#include "capture.h"
 #include "storages.h"
 #include "streams.h"
 
@@ -60,7 +61,11 @@ void host_access(const std::vector<Access>& cpu, std::vector<StorageId>& reads,
     position = launch.position;
     period = st.period;
   }
-  if (!events.empty() && !may_query_device()) {
+  // Held while the host waits: a capture about to begin waits for the end of the waits first.
+  // (No lock is held here, so taking it may wait for such a begin to drain the queries.)
+  const core::QueryGate::Permit permit =
+      events.empty() ? core::QueryGate::Permit() : query_gate().permit();
+  if (!events.empty() && !permit) {
     // A graph capture is underway: no synchronization is allowed in the process, so the copy is
     // not waited for (nor known complete).
     count(g_counters.polls_paused);
@@ -72,7 +77,12 @@ void host_access(const std::vector<Access>& cpu, std::vector<StorageId>& reads,
     return;
   }
   for (const auto& ev : events) {
-    ev->synchronize();
+    try {
+      ev->synchronize();
+    } catch (const c10::Error& error) {
+      explain_failed_query("a host wait for a non_blocking copy", error, period);
+      return;  // (not waited for, nor known complete)
+    }
     count(g_counters.host_waits);
   }
   std::lock_guard<std::mutex> lock(st.mutex);

@@ -5,6 +5,7 @@
 
 #include "../capture.h"
 #include "../settings.h"
+#include "capture.h"
 #include "storages.h"
 #include "streams.h"
 
@@ -105,14 +106,17 @@ void maybe_poll_locked(LiveState& st, std::vector<c10::Storage>& released) {
 }
 
 // Queries the event after the oldest kept use of each stream (and the newest, first); records one
-// if the stream has none after it. Nothing while a graph capture is underway in the process
-// (docs/design.md §4 "Graph capture"): the kept storages wait for the next poll after it.
+// if the stream has none after it. Nothing while a graph capture is underway in the process, or
+// about to begin (docs/design.md §4 "Graph capture"): the kept storages wait for the next poll
+// after it. A query that fails (a capture begun without the hooks) is warned about.
 void poll_locked(LiveState& st, std::vector<c10::Storage>& released) {
   st.launches_since_poll = 0;
   if (st.kept_alive == 0) {
     return;
   }
-  if (!may_query_device()) {
+  // (never blocks: the state's lock is held)
+  const core::QueryGate::Permit permit = query_gate().try_permit();
+  if (!permit) {
     count(g_counters.polls_paused);  // a graph capture is underway: no event may be queried
     return;
   }
@@ -149,12 +153,24 @@ void poll_locked(LiveState& st, std::vector<c10::Storage>& released) {
     if (!e.kept.due(candidates.front().first)) {
       continue;  // queried recently and not done: a device query is not free
     }
+    bool failed = false;
     for (const auto& [covers, ev] : candidates) {
-      if (ev->query()) {
+      bool done = false;
+      try {
+        done = ev->query();
+      } catch (const c10::Error& error) {
+        explain_failed_query("a keep-alive poll's event query", error, st.period);
+        failed = true;  // (kept until a later poll)
+        break;
+      }
+      if (done) {
         e.kept.completed(covers);
         st.tracker->completed(Position{e.id, covers});
         break;
       }
+    }
+    if (failed) {
+      break;
     }
     st.kept_alive -= e.kept.take_done(released);
   }

@@ -103,7 +103,7 @@ void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool asy
       StorageEntry& e = acquire_storage_locked(st, storage);
       define_pending_locked(st, e);
       if (world) {
-        capture_use_locked(*world, e, se, storage, a.write);  // (kept for the graph's lifetime)
+        capture_use_locked(*world, se, storage, a.write);  // (perhaps kept for the graph's lifetime)
       } else if (cpu_here) {
         watch_locked(e);
       } else {
@@ -243,7 +243,7 @@ void finish(ThreadRun& run, std::vector<Launched>& launched, uint64_t period,
       }
       const Position definition{launched[g].id, launched[g].seq};
       if (world) {
-        capture_output_locked(*world, out.storage());  // written by the graph
+        capture_output_locked(*world, out.storage(), definition.stream);  // born in the graph
         if (d.is_cpu()) {
           continue;  // (host memory is not watched for a capture: the copy runs at replays)
         }

@@ -5,6 +5,7 @@
 #include "life.h"
 
 #include "../../core/live_switch.h"
+#include "../capture.h"
 #include "capture.h"
 #include "host_watch.h"
 #include "keep_alive.h"
@@ -61,14 +62,23 @@ void go_live() {
   g_live.store(true, std::memory_order_release);
 }
 
-// Collects under the lock, waits and removes the callback after it.
-void go_idle() {
+// Collects under the lock, waits and removes the callback after it. Refuses (false: tracking
+// stays live) while a graph capture is underway or about to begin: going idle records events and
+// waits on every tracked stream and synchronizes with pending copies, none of which a capture
+// allows. It holds a query permit throughout, so a capture's begin waits for it to finish.
+bool go_idle() {
+  const core::QueryGate::Permit permit = query_gate().permit();  // (no lock is held here)
+  if (!permit) {
+    return false;  // (wanted() says live while the gate is paused; its end updates again)
+  }
   g_live.store(false, std::memory_order_release);
   LiveState& st = state();
   std::vector<std::shared_ptr<c10::Event>> host_pending;
   std::vector<c10::Storage> released;  // dropped after the lock (declared before it)
+  uint64_t period = 0;
   {
     std::lock_guard<std::mutex> lock(st.mutex);
+    period = st.period;
     barrier_locked(st);
     // CPU memory a non_blocking copy may still be writing: CPU ops will no longer be observed, so
     // wait here (after the lock) for the copies.
@@ -76,7 +86,12 @@ void go_idle() {
     hand_to_allocator_locked(st, released);
   }
   for (const auto& ev : host_pending) {
-    ev->synchronize();
+    try {
+      ev->synchronize();
+    } catch (const c10::Error& error) {
+      explain_failed_query("going idle: a host wait for a non_blocking copy", error, period);
+      break;
+    }
   }
   if (g_callback.has_value()) {
     std::lock_guard<std::mutex> registering(g_registering);
@@ -92,16 +107,18 @@ void go_idle() {
     reset_locked(st);
   }
   released.clear();  // after the lock: may free memory
+  return true;
 }
 
 core::LiveSwitch& live_switch() {
   static auto* sw = new core::LiveSwitch(core::LiveSwitch::Actions{
       [] {
-        // A graph capture underway keeps tracking live (going idle would record and wait for
-        // events on capturing streams), but does not make it go live.
-        return g_enabled.load() &&
-            (g_pipelines.load() > 0 || g_pins.load() > 0 ||
-             (captures_underway() > 0 && g_live.load()));
+        // A graph capture underway, or about to begin (the query gate is paused from
+        // capture_prepare on), keeps tracking live (going idle would record and wait for events
+        // on capturing streams, and go_idle refuses), even when switched off, but does not make
+        // it go live.
+        return (query_gate().paused() > 0 && g_live.load()) ||
+            (g_enabled.load() && (g_pipelines.load() > 0 || g_pins.load() > 0));
       },
       &go_live, &go_idle});
   return *sw;

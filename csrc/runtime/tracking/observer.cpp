@@ -7,6 +7,7 @@
 #include "../ivalue_tensors.h"
 #include "../op_facts.h"
 #include "../warn.h"
+#include "capture.h"
 #include "collectives.h"
 #include "host_watch.h"
 #include "keep_alive.h"
@@ -175,6 +176,21 @@ void enter_devices(const c10::ArrayRef<c10::IValue>& inputs) {
   }
 }
 
+// The first accelerator device among the op's device arguments (factories, to()), with its index
+// resolved to the current device's.
+std::optional<c10::Device> device_argument(const c10::ArrayRef<c10::IValue>& inputs) {
+  for (const c10::IValue& v : inputs) {
+    if (v.isDevice() && !v.toDevice().is_cpu() && !v.toDevice().is_meta()) {
+      c10::Device d = v.toDevice();
+      if (!d.has_index()) {
+        d = c10::Device(d.type(), c10::impl::getDeviceGuardImpl(d.type())->getDevice().index());
+      }
+      return d;
+    }
+  }
+  return std::nullopt;
+}
+
 void begin_op(const at::RecordFunction& fn, const OpFacts& facts, bool on_device, Tls& t) {
   t.launched.clear();
   t.inputs.clear();
@@ -230,7 +246,15 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, bool on_device
         }
       }
     }
-    enter_streams(devices);
+    enter_streams(devices);  // (inside a capture the capture's world has no baseline)
+    // Inside a graph capture it launches now, so a
+    // stream not in the capture yet (a side pipeline's) is forked in before the op runs: else its
+    // kernel would run now, outside the graph, with memory from outside the graph's pool.
+    if (on_device && capturing_thread()) {
+      if (const std::optional<c10::Device> target = device_argument(inputs)) {
+        device_launch(thread_run(), t.accesses, /*async=*/false, t.launched, t.period, target);
+      }
+    }
     return;
   }
   for (const Access& a : t.accesses) {
@@ -250,17 +274,7 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, bool on_device
   // tensors among its inputs: its device argument says where it runs.
   std::optional<c10::Device> target;
   if (non_blocking && !any_device) {
-    for (const c10::IValue& v : inputs) {
-      if (v.isDevice() && !v.toDevice().is_cpu()) {
-        target = v.toDevice();
-        if (!target->has_index()) {
-          target = c10::Device(
-              target->type(),
-              c10::impl::getDeviceGuardImpl(target->type())->getDevice().index());
-        }
-        break;
-      }
-    }
+    target = device_argument(inputs);
   }
   t.async = non_blocking && (any_device || target.has_value());
   wait_for_pins(t.accesses);

@@ -125,6 +125,7 @@ Stats stats() {
   s.graph_replays = g_counters.graph_replays.load();
   s.polls_paused = g_counters.polls_paused.load();
   s.captures_underway = captures_underway();
+  s.queries_paused = query_gate().paused();
   s.gap_ops = gap_ops();
   LiveState& st = state();
   std::lock_guard<std::mutex> lock(st.mutex);

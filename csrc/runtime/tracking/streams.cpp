@@ -6,6 +6,7 @@
 #include "keep_alive.h"
 
 #include "../devices.h"
+#include "../warn.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -49,6 +50,23 @@ Reach event_at_locked(LiveState& st, const Position& p) {
   if (const auto* kept = e.log.event_at(p.seq)) {
     return Reach{kept->second, p.seq};
   }
+  if (!is_capture_period(st.period) && captures_now(e.stream)) {
+    // The stream captures now (another thread's torch.cuda.graph on it, or a side pipeline
+    // forked into a capture): an event recorded there would be part of the graph, and the waiter
+    // would join the capture. Its eager work got an event when it began capturing (capture_prepare,
+    // join_world_locked); a position past that one was still launching then (another thread
+    // launching on a stream while it begins to capture): the newest event kept is waited for
+    // instead, which does not cover it.
+    warn_once("wait for a capturing stream",
+              "an op waited for work on a stream that another thread was "
+              "launching on while that stream began capturing a graph; the wait covers only the "
+              "work launched before the capture began, so the op may race with the rest. Do not "
+              "launch on a stream from one thread while another thread begins a capture on it.");
+    if (const auto* newest = e.log.newest()) {
+      return Reach{newest->second, newest->first};
+    }
+    return Reach{std::make_shared<c10::Event>(e.stream.device_type()), 0};  // (never recorded)
+  }
   // Not kept: the thread that launched p is still on that stream (or p is that old). Not kept
   // either, since a position launched there by another thread may still be mid-launch.
   auto ev = std::make_shared<c10::Event>(e.stream.device_type());
@@ -62,6 +80,9 @@ void record_locked(LiveState& st, StreamId id, uint64_t seq) {
   const uint64_t label = e.log.label_for(seq);
   if (label == 0) {
     return;
+  }
+  if (!is_capture_period(st.period) && captures_now(e.stream)) {
+    return;  // (its eager work got its event before it began capturing: see event_at_locked)
   }
   std::shared_ptr<c10::Event> ev;
   if (auto dropped = e.log.make_room(); dropped && dropped->use_count() == 1) {
@@ -79,7 +100,7 @@ void record_baseline_locked(LiveState& st) {
   for (const c10::Device& d : initialized_accelerator_devices()) {
     const auto* impl = guard_impl(d.type());
     for (const c10::Stream& s : {impl->getStream(d), impl->getDefaultStream(d)}) {
-      if (capture_aware() && capture_of(s) != core::kNoCapture) {
+      if (captures_now(s)) {
         continue;  // (capturing: an event recorded there would be part of the graph)
       }
       const bool seen = std::any_of(st.baseline.begin(), st.baseline.end(),
