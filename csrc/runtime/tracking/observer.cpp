@@ -176,19 +176,31 @@ void enter_devices(const c10::ArrayRef<c10::IValue>& inputs) {
   }
 }
 
-// The first accelerator device among the op's device arguments (factories, to()), with its index
-// resolved to the current device's.
-std::optional<c10::Device> device_argument(const c10::ArrayRef<c10::IValue>& inputs) {
+// The accelerator devices among the op's device arguments (factories, to()), in order, each once,
+// with an index-less device resolved to the current device of its type.
+void device_arguments(const c10::ArrayRef<c10::IValue>& inputs, std::vector<c10::Device>& out) {
+  out.clear();
   for (const c10::IValue& v : inputs) {
     if (v.isDevice() && !v.toDevice().is_cpu() && !v.toDevice().is_meta()) {
       c10::Device d = v.toDevice();
       if (!d.has_index()) {
         d = c10::Device(d.type(), c10::impl::getDeviceGuardImpl(d.type())->getDevice().index());
       }
-      return d;
+      if (std::find(out.begin(), out.end(), d) == out.end()) {
+        out.push_back(d);
+      }
     }
   }
-  return std::nullopt;
+}
+
+// The first of them.
+std::optional<c10::Device> device_argument(const c10::ArrayRef<c10::IValue>& inputs) {
+  thread_local std::vector<c10::Device> devices;
+  device_arguments(inputs, devices);
+  if (devices.empty()) {
+    return std::nullopt;
+  }
+  return devices.front();
 }
 
 void begin_op(const at::RecordFunction& fn, const OpFacts& facts, bool on_device, Tls& t) {
@@ -234,26 +246,14 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, bool on_device
   if (t.accesses.empty()) {
     // A factory: its outputs are handled at the end; its streams wait for the baseline first.
     auto& devices = thread_run().devices;
-    devices.clear();
-    for (const c10::IValue& v : inputs) {
-      if (v.isDevice() && !v.toDevice().is_cpu() && !v.toDevice().is_meta()) {
-        c10::Device d = v.toDevice();
-        if (!d.has_index()) {
-          d = c10::Device(d.type(), c10::impl::getDeviceGuardImpl(d.type())->getDevice().index());
-        }
-        if (std::find(devices.begin(), devices.end(), d) == devices.end()) {
-          devices.push_back(d);
-        }
-      }
-    }
+    device_arguments(inputs, devices);
     enter_streams(devices);  // (inside a capture the capture's world has no baseline)
-    // Inside a graph capture it launches now, so a
-    // stream not in the capture yet (a side pipeline's) is forked in before the op runs: else its
-    // kernel would run now, outside the graph, with memory from outside the graph's pool.
-    if (on_device && capturing_thread()) {
-      if (const std::optional<c10::Device> target = device_argument(inputs)) {
-        device_launch(thread_run(), t.accesses, /*async=*/false, t.launched, t.period, target);
-      }
+    // Inside a graph capture it launches now, so a stream not in the capture yet (a side
+    // pipeline's) is forked in before the op runs: else its kernel would run now, outside the
+    // graph, with memory from outside the graph's pool.
+    if (on_device && capturing_thread() && !devices.empty()) {
+      const c10::Device target = devices.front();  // (device_launch reuses `devices`)
+      device_launch(thread_run(), t.accesses, /*async=*/false, t.launched, t.period, target);
     }
     return;
   }
