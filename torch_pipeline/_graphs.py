@@ -24,13 +24,13 @@ torch_pipeline changes nothing in torch), with the hooks below, which ``torch_pi
 from __future__ import annotations
 
 import functools
-import threading
 import warnings
 from typing import Any, Callable, List, Optional, TypeVar
 
 import torch
 
 from . import _C, _storages
+from ._once import once
 
 __all__: List[str] = []
 
@@ -41,8 +41,6 @@ T = TypeVar("T")
 _ATTR = "_torch_pipeline_captured"
 _CAPTURE = "_torch_pipeline_capture"
 _HOOKED = "_torch_pipeline_hook"
-_lock = threading.Lock()
-_installed = False
 _unordered_warned = False
 
 
@@ -188,23 +186,17 @@ def install_graph_hooks(cls: type, current_stream: Callable[[], torch.Stream]) -
     _wrap(cls, "reset", reset_)
 
 
+@once
 def install_cuda_graph_hooks() -> None:
     """Wraps ``torch.cuda.CUDAGraph`` and ``torch.accelerator.Graph`` (where they exist) with
     :func:`install_graph_hooks` (once; a torch without them is left alone)."""
-    global _installed
-    if _installed:
-        return
-    with _lock:
-        if _installed:
-            return
-        _installed = True
-        cuda_graph = getattr(torch.cuda, "CUDAGraph", None)
-        if isinstance(cuda_graph, type):
-            install_graph_hooks(cuda_graph, torch.cuda.current_stream)
-        accelerator = getattr(torch, "accelerator", None)
-        accelerator_graph = getattr(accelerator, "Graph", None)
-        if isinstance(accelerator_graph, type):
-            install_graph_hooks(accelerator_graph, torch.accelerator.current_stream)
+    cuda_graph = getattr(torch.cuda, "CUDAGraph", None)
+    if isinstance(cuda_graph, type):
+        install_graph_hooks(cuda_graph, torch.cuda.current_stream)
+    accelerator = getattr(torch, "accelerator", None)
+    accelerator_graph = getattr(accelerator, "Graph", None)
+    if isinstance(accelerator_graph, type):
+        install_graph_hooks(accelerator_graph, torch.accelerator.current_stream)
 
 
 def _install_first_pipeline_hooks() -> None:

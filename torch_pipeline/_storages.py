@@ -12,41 +12,33 @@ reused before the uses it waits for), and memory it allocates is homed on the cu
 from __future__ import annotations
 
 import functools
-import threading
 from typing import Any
 
 import torch
 
 from . import _C
+from ._once import once
 
 _HOOKED = "_torch_pipeline_hooked"
-_lock = threading.Lock()
-_installed = False
 
 
+@once
 def install_storage_hooks() -> None:
     """Wraps ``torch.UntypedStorage.resize_`` (once)."""
-    global _installed
-    if _installed:
+    cls = torch.UntypedStorage
+    original = getattr(cls, "resize_", None)
+    if original is None or getattr(original, _HOOKED, False):
         return
-    with _lock:
-        if _installed:
-            return
-        _installed = True
-        cls = torch.UntypedStorage
-        original = getattr(cls, "resize_", None)
-        if original is None or getattr(original, _HOOKED, False):
-            return
 
-        @functools.wraps(original)
-        def resize_(self: Any, size: Any) -> Any:
-            if self.device.type == "cpu" or not _C._tracking_live():
-                return original(self, size)
-            scope = _C._StorageResize(self)
-            try:
-                return original(self, size)
-            finally:
-                scope.done()
+    @functools.wraps(original)
+    def resize_(self: Any, size: Any) -> Any:
+        if self.device.type == "cpu" or not _C._tracking_live():
+            return original(self, size)
+        scope = _C._StorageResize(self)
+        try:
+            return original(self, size)
+        finally:
+            scope.done()
 
-        setattr(resize_, _HOOKED, True)
-        cls.resize_ = resize_  # type: ignore[method-assign]
+    setattr(resize_, _HOOKED, True)
+    cls.resize_ = resize_  # type: ignore[method-assign]
