@@ -310,9 +310,13 @@ std::vector<at::Tensor> collect_tensors(py::handle obj) {
     todo.pop_back();
     PyObject* ptr = o.ptr();
     const bool tensor = THPVariable_Check(ptr);
-    const bool dataclass = !tensor && is_dataclass_instance(ptr);
-    const bool container = PyList_Check(ptr) || PyTuple_Check(ptr) || PyDict_Check(ptr) ||
-                           PyAnySet_Check(ptr) || dataclass;
+    const bool builtin = !tensor && (PyList_Check(ptr) || PyTuple_Check(ptr) ||
+                                     PyDict_Check(ptr) || PyAnySet_Check(ptr));
+    // (the attribute lookup only for what is neither: not for every int and str of a state_dict)
+    const bool scalar = PyLong_Check(ptr) || PyFloat_Check(ptr) || PyUnicode_Check(ptr) ||
+                        PyBytes_Check(ptr) || ptr == Py_None;
+    const bool dataclass = !tensor && !builtin && !scalar && is_dataclass_instance(ptr);
+    const bool container = builtin || dataclass;
     if ((!tensor && !container) || !seen.insert(ptr).second) {
       continue;
     }

@@ -112,12 +112,21 @@ OpFacts compute(const c10::FunctionSchema& s) {
     }
   }
   for (size_t i = 0; i < args.size(); ++i) {
-    if (f.write[i] != 0 && args[i].name().compare(0, 3, "out") == 0) {
-      f.may_move = true;  // out=, out0=, ...: resized when its size is wrong
+    // An out argument (kwarg-only and written: out=, values=, indices=, eigvals=, ...; or named
+    // out*) is resized when its size is wrong.
+    if (f.write[i] != 0 && (args[i].is_out() || args[i].name().compare(0, 3, "out") == 0)) {
+      f.may_move = true;
     }
   }
   f.may_move |= f.name == "aten::resize_" || f.name == "aten::resize_as_" ||
       f.name == "aten::_resize_output_";
+  if (f.name == "inductor::resize_storage_bytes_" && !f.write.empty()) {
+    // UntypedStorage.resize_ as Dynamo traces it (compiled FSDP2): its schema declares no write,
+    // yet it frees or reallocates the tensor's storage.
+    f.write[0] = 1;
+    any_write = true;
+    f.may_move = true;
+  }
   if (f.name.compare(0, 6, "c10d::") == 0 && !any_write) {
     any_write = infer_c10d_writes(s, f);
   }

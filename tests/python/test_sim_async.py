@@ -196,6 +196,21 @@ def read_after_a_resize_elsewhere(p: "tp.Pipeline") -> Tuple["torch.Tensor", "to
     return y, z
 
 
+def read_after_an_out_resize_elsewhere(p: "tp.Pipeline") -> Tuple["torch.Tensor", "torch.Tensor"]:
+    # sort's outs are named values= and indices= (not out=): resized inside the op all the same
+    values = torch.zeros(16, device="sim:0")              # allocated on the default stream
+    indices = torch.zeros(16, dtype=torch.long, device="sim:0")
+    src = ones(1.0)
+    with tp.pipeline(p):
+        torch.sort(src, out=(values, indices))  # new memory, allocated on p's stream
+        values.fill_(2.0)
+    y = values * 3             # read on the default stream, late: off values' new home
+    del values                 # its block goes back to p's stream's pool ...
+    with tp.pipeline(p):
+        z = ones(-1.0)         # ... where the next allocation takes it, written at once
+    return y, z
+
+
 PROGRAMS = {
     "read_after_write": (read_after_write, "aten::mul.out"),
     "write_after_read": (write_after_read, "aten::mul.out"),
@@ -203,6 +218,7 @@ PROGRAMS = {
     "read_through_its_storage": (read_through_its_storage, "aten::mul.out"),
     "write_through_its_storage": (write_through_its_storage, "aten::mul.out"),
     "read_after_a_resize_elsewhere": (read_after_a_resize_elsewhere, "aten::mul.out"),
+    "read_after_an_out_resize_elsewhere": (read_after_an_out_resize_elsewhere, "aten::mul.out"),
 }
 
 
@@ -347,6 +363,52 @@ def test_a_block_a_task_wrote_goes_back_once_its_future_was_waited() -> None:
         assert buf.sum().item() == float(2 * i * N)
         del buf
     assert sim.races() == []
+
+
+def _free_storage(w: "torch.Tensor", x: "torch.Tensor") -> "torch.Tensor":
+    y = x + 1
+    w.untyped_storage().resize_(0)  # FSDP2's free_storage; Dynamo: inductor::resize_storage_bytes_
+    return y
+
+
+FREES = {
+    "the dispatcher op": lambda w, x: torch.ops.inductor.resize_storage_bytes_(w, 0),
+    "inside a compiled region": torch.compile(_free_storage, backend="aot_eager", fullgraph=True),
+}
+
+
+@pytest.mark.parametrize("how", list(FREES))
+def test_a_storage_freed_by_resize_storage_bytes_is_not_reused_early(how: str) -> None:
+    """Compiled FSDP2 frees a parameter's memory with inductor::resize_storage_bytes_, inside the
+    compiled region (its schema declares no write). w (the default stream's block) is read late
+    on p1 and freed on p2: its block goes back to the default stream's pool at once, and the
+    default stream's next allocation would take it under p1's read, unless the resize is seen as
+    a write that may move the storage (its block recorded on p2, which waits for the read)."""
+    p1, p2 = tp.Pipeline(), tp.Pipeline()
+    free = FREES[how]
+
+    def program() -> Tuple["torch.Tensor", "torch.Tensor"]:
+        w = ones(1.0)
+        x = ones(3.0)
+        torch.accelerator.synchronize()
+        with tp.pipeline(p1):
+            y = w * 2          # reads w on p1, late
+        with tp.pipeline(p2):
+            free(w, x)         # frees w's block (to the default stream's pool)
+        z = ones(5.0)          # the default stream's next block of this size
+        return y, z
+
+    program()                  # (compiled here, before the race window opens)
+    torch.accelerator.synchronize()
+    sim.clear_races()
+    slow("aten::mul.out")
+    got = values(program())
+    assert [float(t[0]) for t in got] == [2.0, 5.0]
+    assert sim.races() == []
+    with untracked():
+        program()
+        torch.accelerator.synchronize()
+        assert sim.races(), "the untracked twin did not race"
 
 
 def test_the_old_block_of_a_storage_resized_off_its_home_is_not_reused_early() -> None:

@@ -208,7 +208,14 @@ def test_work_after_the_last_pipeline_dies_is_ordered_after_it() -> None:
     assert torch.equal(z.cpu(), torch.full((N,), 4.0))
 
 
-def reuse_across_an_idle_stretch() -> List[float]:
+FIRST_OPS: Dict[str, Callable[[], "torch.Tensor"]] = {
+    "factory": lambda: ones(-5.0),
+    "blocking copy to the device": lambda: torch.full((N,), -5.0).to("sim:0"),
+    "torch.tensor on the device": lambda: torch.tensor([-5.0] * N, device="sim:0"),
+}
+
+
+def reuse_across_an_idle_stretch(first_op: Callable[[], "torch.Tensor"]) -> List[float]:
     seen = []
     for i in range(3):
         p = tp.Pipeline()
@@ -219,23 +226,25 @@ def reuse_across_an_idle_stretch() -> List[float]:
         del w                      # back to the pool of p's stream (nothing recorded: idle)
         q = tp.Pipeline()          # live again: p's slot, and with it p's stream
         with tp.pipeline(q):
-            v = ones(-5.0)         # the stream's first op of the period, a factory: takes w's block
+            v = first_op()         # the stream's first op of the period: allocates w's block
         del q
         seen.append(z[0].item())
         del v
     return seen
 
 
-def test_memory_used_while_idle_is_not_reused_by_the_next_pipeline() -> None:
+@pytest.mark.parametrize("first_op", list(FIRST_OPS))
+def test_memory_used_while_idle_is_not_reused_by_the_next_pipeline(first_op: str) -> None:
     """The go-live baseline orders a stream after the untracked work before it at the stream's
-    first tracked use: that must come before a factory runs there (it allocates, maybe a block
-    the untracked stretch still reads), not only after it."""
+    first tracked use: that must come before an op whose output is new memory on that stream runs
+    there (a factory, a blocking copy from the host: it allocates, maybe a block the untracked
+    stretch still reads), not only after it."""
     gc.collect()
     assert not stats()["live"]
-    assert reuse_across_an_idle_stretch() == [1.0, 2.0, 3.0]
+    assert reuse_across_an_idle_stretch(FIRST_OPS[first_op]) == [1.0, 2.0, 3.0]
     assert sim.races() == []
     with untracked():
-        reuse_across_an_idle_stretch()
+        reuse_across_an_idle_stretch(FIRST_OPS[first_op])
         assert sim.races(), "the untracked twin did not race"
 
 

@@ -70,10 +70,12 @@ void protect_use_locked(StorageEntry& e, StreamEntry& se, const c10::Storage& st
   }
 }
 
-void protect_old_block_locked(const StorageEntry& e, const StreamEntry& se,
-                              const c10::Storage& storage) {
-  if (e.home != se.id && storage.data() != nullptr) {
+void protect_old_block_locked(StorageEntry& e, const StreamEntry& se, const c10::Storage& storage) {
+  // Once per block and stream: the allocator remembers a record until the block is freed, and a
+  // reallocation (moved_to) resets the set for the new block.
+  if (e.home != se.id && storage.data() != nullptr && !e.recorded.contains(se.id)) {
     record_stream(se.stream, storage);
+    e.recorded.add(se.id);
   }
 }
 

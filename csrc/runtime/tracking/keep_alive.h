@@ -24,9 +24,9 @@ void protect_use_locked(StorageEntry& e, StreamEntry& se, const c10::Storage& st
 // argument): its block as it is now is freed inside the op, to the pool of its allocation stream,
 // where the next allocation may take it at once. Unless `se` is that stream, the block is recorded
 // on `se` with the allocator (in both modes: keeping the storage alive does not keep its old block),
-// so it is not reused before this op, and the uses it waits for, have run.
-void protect_old_block_locked(const StorageEntry& e, const StreamEntry& se,
-                              const c10::Storage& storage);
+// so it is not reused before this op, and the uses it waits for, have run (once per block and
+// stream: StorageEntry::recorded).
+void protect_old_block_locked(StorageEntry& e, const StreamEntry& se, const c10::Storage& storage);
 // The ops of `launched` have launched: the pending keep-alives on their streams start now.
 void start_keep_alive_locked(LiveState& st, std::vector<PendingKeepAlive>& pending,
                              const std::vector<Launched>& launched);

@@ -30,6 +30,8 @@ namespace {
 
 // Tls::active of a thread inside a compiled region (no level is negative).
 constexpr int kInRegion = -1;
+// The one op observed inside a compiled region (see on_start).
+constexpr const char kResizeStorageBytes[] = "inductor::resize_storage_bytes_";
 
 // The name of Dynamo's range around a call of compiled code ("Torch-Compiled Region: 0/0").
 constexpr char kDynamoRange[] = "Torch-Compiled Region";
@@ -48,6 +50,8 @@ void report_compiled_gap(const char* name) {
 struct Tls {
   int level = 0;   // RecordFunction nesting on this thread
   int active = 0;  // level of the observed (outermost) op, 0 if none
+  // The observed op is a storage resize inside a compiled region (kInRegion again at its end).
+  bool in_region = false;
   uint64_t period = 0;      // the live period of its launch
   bool async = false;       // a non_blocking copy: its CPU storages are accessed on the stream
   bool host_only = false;   // the op has nothing on a device and nothing watched: no end work
@@ -277,6 +281,14 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, bool on_device
     target = device_argument(inputs);
   }
   t.async = non_blocking && (any_device || target.has_value());
+  if (!any_device && !target.has_value()) {
+    // Host inputs only, maybe a device argument (x.to("cuda"), torch.tensor(data, device=...)): a
+    // blocking copy to a device has its output handled at the end, like a factory's, so its
+    // streams wait for the baseline before it allocates and writes, as a factory's do.
+    auto& devices = thread_run().devices;
+    device_arguments(inputs, devices);
+    enter_streams(devices);
+  }
   wait_for_pins(t.accesses);
   ThreadRun& run = thread_run();
   if (!t.async && (watching_host() || g_pins.load(std::memory_order_acquire) > 0)) {
@@ -338,7 +350,16 @@ void end_op(const at::RecordFunction& fn, Tls& t) {
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   Tls& t = tls;
   ++t.level;
-  if (t.active != 0) {
+  bool in_region = false;
+  if (t.active == kInRegion && g_observing.load(std::memory_order_relaxed)) {
+    // Inside a compiled region its ops are the region's, but for a storage resize (Dynamo's
+    // UntypedStorage.resize_, compiled FSDP2): its old block is freed, or a new one allocated,
+    // at once, which the region's launch cannot order. It is observed as an op of its own.
+    if (std::strcmp(fn.name(), kResizeStorageBytes) != 0) {
+      return nullptr;
+    }
+    in_region = true;
+  } else if (t.active != 0) {
     return nullptr;  // inside an observed op: its device work is on the same streams
   }
   if (!g_observing.load(std::memory_order_relaxed)) {
@@ -352,6 +373,9 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   // (RecordFunctions without a schema, e.g. autograd's "detach", are not dispatcher ops: what
   // they do runs in the ops they call, if any, which are observed.)
   if (facts.transparent) {
+    if (in_region) {
+      return nullptr;
+    }
     if (!fn.operator_name().has_value() &&
         std::strncmp(fn.name(), kDynamoRange, sizeof(kDynamoRange) - 1) == 0) {
       t.dynamo.push_back(Tls::Dynamo{t.level, t.regions, t.observed});
@@ -361,11 +385,15 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   ++t.observed;
   const InputScan scan = scan_inputs(inputs);
   if (scan.opaque != 0) {
+    if (in_region) {
+      return nullptr;  // (the region's own: it is no gap)
+    }
     t.unclaimed.push_back(Tls::Unclaimed{t.level, &facts, scan.opaque == 2, t.observed});
     count(g_counters.unclaimed);
     return nullptr;
   }
   t.active = t.level;
+  t.in_region = in_region;
   count(g_counters.ops);
   try {
     begin_op(fn, facts, scan.on_device, t);
@@ -386,7 +414,8 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     return;  // the callback was installed while this op ran (or a fork reset this thread)
   }
   if (t.active == t.level) {
-    t.active = 0;
+    t.active = t.in_region ? kInRegion : 0;
+    t.in_region = false;
     try {
       if (!t.host_only) {
         end_op(fn, t);
@@ -450,6 +479,7 @@ void end_region() {
 void reset_observer_thread_after_fork() {
   tls.level = 0;
   tls.active = 0;
+  tls.in_region = false;
   tls.unclaimed.clear();
   tls.dynamo.clear();
   thread_run().last = Position{};
