@@ -312,10 +312,14 @@ std::vector<at::Tensor> collect_tensors(py::handle obj) {
     const bool tensor = THPVariable_Check(ptr);
     const bool builtin = !tensor && (PyList_Check(ptr) || PyTuple_Check(ptr) ||
                                      PyDict_Check(ptr) || PyAnySet_Check(ptr));
-    // (the attribute lookup only for what is neither: not for every int and str of a state_dict)
-    const bool scalar = PyLong_Check(ptr) || PyFloat_Check(ptr) || PyUnicode_Check(ptr) ||
-                        PyBytes_Check(ptr) || ptr == Py_None;
-    const bool dataclass = !tensor && !builtin && !scalar && is_dataclass_instance(ptr);
+    // The attribute lookup not for every int, str and plain container of a state_dict; but for
+    // subclasses (HF's ModelOutput is an OrderedDict dataclass, walked by its fields).
+    const bool exact = PyList_CheckExact(ptr) || PyTuple_CheckExact(ptr) ||
+                       PyDict_CheckExact(ptr) || PyAnySet_CheckExact(ptr) ||
+                       PyLong_CheckExact(ptr) || PyFloat_CheckExact(ptr) ||
+                       PyUnicode_CheckExact(ptr) || PyBytes_CheckExact(ptr) || ptr == Py_None ||
+                       PyBool_Check(ptr);
+    const bool dataclass = !tensor && !exact && is_dataclass_instance(ptr);
     const bool container = builtin || dataclass;
     if ((!tensor && !container) || !seen.insert(ptr).second) {
       continue;

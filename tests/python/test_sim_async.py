@@ -196,6 +196,21 @@ def read_after_a_resize_elsewhere(p: "tp.Pipeline") -> Tuple["torch.Tensor", "to
     return y, z
 
 
+def read_after_a_storage_regrown_elsewhere(p: "tp.Pipeline") -> Tuple["torch.Tensor", "torch.Tensor"]:
+    # compiled FSDP2's free_storage / alloc_storage: resize_storage_bytes_ to 0 and back
+    x = torch.zeros(N, device="sim:0")    # allocated on the default stream
+    torch.ops.inductor.resize_storage_bytes_(x, 0)          # freed there
+    with tp.pipeline(p):
+        torch.ops.inductor.resize_storage_bytes_(x, N * 4)  # new memory, from p's stream's pool
+        x.fill_(2.0)
+    torch.accelerator.synchronize()  # (nothing of p's pending: only the home decides now)
+    y = x * 3                  # read on the default stream, late: off x's new home
+    del x                      # its block goes back to p's stream's pool ...
+    with tp.pipeline(p):
+        z = ones(-1.0)         # ... where the next allocation takes it, written at once
+    return y, z
+
+
 def read_after_an_out_resize_elsewhere(p: "tp.Pipeline") -> Tuple["torch.Tensor", "torch.Tensor"]:
     # sort's outs are named values= and indices= (not out=): resized inside the op all the same
     values = torch.zeros(16, device="sim:0")              # allocated on the default stream
@@ -219,6 +234,8 @@ PROGRAMS = {
     "write_through_its_storage": (write_through_its_storage, "aten::mul.out"),
     "read_after_a_resize_elsewhere": (read_after_a_resize_elsewhere, "aten::mul.out"),
     "read_after_an_out_resize_elsewhere": (read_after_an_out_resize_elsewhere, "aten::mul.out"),
+    "read_after_a_storage_regrown_elsewhere": (read_after_a_storage_regrown_elsewhere,
+                                               "aten::mul.out"),
 }
 
 

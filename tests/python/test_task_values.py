@@ -153,6 +153,19 @@ class Batch:
     step: int = 0
 
 
+@dataclasses.dataclass
+class DictOutput(collections.OrderedDict):  # type: ignore[type-arg]
+    """Like Hugging Face's ModelOutput: a dataclass that is a dict, whose fields set after it was
+    made are not among its items."""
+    loss: Any = None
+
+
+def _dict_output(x: "torch.Tensor") -> DictOutput:
+    out = DictOutput()
+    out.loss = x
+    return out
+
+
 def _seen_by_a_slow_task(wrap: Callable[["torch.Tensor"], Any],
                          unwrap: Callable[[Any], "torch.Tensor"]) -> float:
     x = torch.ones(N, device="sim:0")
@@ -183,7 +196,9 @@ def _cycle(x: "torch.Tensor") -> List[Any]:
     (_cycle, lambda a: a[1][1][1][0]),
     (lambda x: torch.nn.Parameter(x, requires_grad=False), lambda a: a),
     (lambda x: Batch(Batch([x], 1)), lambda a: a.inputs.inputs[0]),
-], ids=["lists", "namedtuples", "dict-keys", "sets", "cycle", "tensor-subclass", "dataclasses"])
+    (_dict_output, lambda a: a.loss),
+], ids=["lists", "namedtuples", "dict-keys", "sets", "cycle", "tensor-subclass", "dataclasses",
+        "dict-dataclass"])
 def test_tensors_at_any_depth_are_pinned(wrap: Any, unwrap: Any) -> None:
     assert _seen_by_a_slow_task(wrap, unwrap) == float(N)
     assert sim.races() == []

@@ -108,6 +108,15 @@ bool opaque(const at::Tensor& x) {
   if (x.has_storage() && x.storage().device().is_meta()) {
     return false;  // a fake tensor (tracing): no memory at all
   }
+  // A dense tensor whose storage was freed (FSDP's resize_(0)) stands for no other tensor: an op
+  // on it (resize_storage_bytes_ growing it again) is its own.
+  static const c10::DispatchKeySet kStandIns{
+      c10::DispatchKey::Python, c10::DispatchKey::FuncTorchBatched,
+      c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::Functionalize};
+  if (x.has_storage() && x.layout() == c10::kStrided && x.storage().nbytes() == 0 &&
+      (x.key_set() & kStandIns).empty()) {
+    return false;
+  }
   const auto n = x.unsafeGetTensorImpl()->sym_numel().maybe_as_int();
   return !n.has_value() || *n > 0;
 }
@@ -141,12 +150,15 @@ InputScan scan_inputs(const c10::ArrayRef<c10::IValue>& inputs) {
   return scan;
 }
 
-void add_tensor(const at::Tensor& t, bool write, bool may_move, std::vector<Access>& out,
-                std::vector<const c10::StorageImpl*>& empty_writes) {
+void add_tensor(const at::Tensor& t, bool write, bool may_move, Tls& tls_of_op) {
   if (has_data(t)) {
-    out.push_back(Access{&t, write, write && may_move});
+    tls_of_op.accesses.push_back(Access{&t, write, write && may_move});
   } else if (write && t.defined() && t.has_storage()) {
-    empty_writes.push_back(t.storage().unsafeGetStorageImpl());  // (an out= tensor of size 0)
+    // (an out= tensor of size 0, a storage resize_storage_bytes_ grows from none)
+    tls_of_op.empty_writes.push_back(t.storage().unsafeGetStorageImpl());
+    if (may_move && !t.device().is_cpu()) {
+      tls_of_op.moving.emplace_back(t, nullptr);  // memory it gets in the op is fresh (end_op)
+    }
   }
 }
 
@@ -235,7 +247,7 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, bool on_device
     const bool w = i < facts.write.size() && facts.write[i] != 0;
     if (inputs[i].isTensor()) {
       // (the IValue lives until the start callbacks have run)
-      add_tensor(inputs[i].toTensor(), w, facts.may_move, t.accesses, t.empty_writes);
+      add_tensor(inputs[i].toTensor(), w, facts.may_move, t);
     } else {
       // Tensors inside lists (torch.cat, _foreach_*) are handed out as temporaries: copied.
       for_each_tensor(inputs[i], [&](const at::Tensor& x) {
@@ -245,7 +257,7 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, bool on_device
     }
   }
   for (size_t i = 0; i < t.list_items.size(); ++i) {  // (list_items stopped growing)
-    add_tensor(t.list_items[i], t.list_writes[i], facts.may_move, t.accesses, t.empty_writes);
+    add_tensor(t.list_items[i], t.list_writes[i], facts.may_move, t);
   }
   if (t.accesses.empty()) {
     // A factory: its outputs are handled at the end; its streams wait for the baseline first.
@@ -336,7 +348,17 @@ void end_op(const at::RecordFunction& fn, Tls& t) {
     note_async_collective(fn, t.c10d_written);
   }
   for (const auto& [tensor, data] : t.moving) {
-    if (tensor.storage().data() != data) {
+    const void* now = tensor.storage().data();
+    if (data == nullptr) {
+      // It had no memory (resize_storage_bytes_ growing a freed storage): what it has now is
+      // fresh, made on the op's stream (unless an output already said so).
+      const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+      if (now != nullptr && std::none_of(fresh.begin(), fresh.end(), [&](const at::Tensor& f) {
+            return f.storage().unsafeGetStorageImpl() == storage;
+          })) {
+        fresh.push_back(tensor);
+      }
+    } else if (now != data) {
       t.moved.push_back(tensor);
     }
   }
