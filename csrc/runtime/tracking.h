@@ -191,7 +191,8 @@ class StorageResize {
 // and writes every tensor argument (lifted parameters and buffers, inputs, saved tensors: compiled
 // kernels may write any of them) and enters their devices into the current pipeline; the ops it
 // calls are not observed while it runs on this thread (its kernels are its own, whether the
-// dispatcher sees them or not); outputs() names what it made; close() ends it, like an op's end. No-op while idle, or inside an observed op or region.
+// dispatcher sees them or not), but for inductor::resize_storage_bytes_ (a block freed or allocated
+// mid-region); outputs() names what it made; close() ends it, like an op's end. No-op while idle, or inside an observed op or region.
 // Whether compiled regions are wrapped (see regions_wrapped in tracking/observer.h).
 void set_regions_wrapped(bool wrapped);
 
