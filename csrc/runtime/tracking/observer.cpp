@@ -209,16 +209,6 @@ void device_arguments(const c10::ArrayRef<c10::IValue>& inputs, std::vector<c10:
   }
 }
 
-// The first of them.
-std::optional<c10::Device> device_argument(const c10::ArrayRef<c10::IValue>& inputs) {
-  thread_local std::vector<c10::Device> devices;
-  device_arguments(inputs, devices);
-  if (devices.empty()) {
-    return std::nullopt;
-  }
-  return devices.front();
-}
-
 void begin_op(const at::RecordFunction& fn, const OpFacts& facts, bool on_device, Tls& t) {
   t.launched.clear();
   t.inputs.clear();
@@ -286,21 +276,21 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, bool on_device
   const bool non_blocking = facts.non_blocking >= 0 &&
       static_cast<size_t>(facts.non_blocking) < inputs.size() &&
       inputs[facts.non_blocking].isBool() && inputs[facts.non_blocking].toBool();
-  // A non_blocking copy from the host to a device (x.to("cuda", non_blocking=True)) has only CPU
-  // tensors among its inputs: its device argument says where it runs.
   std::optional<c10::Device> target;
-  if (non_blocking && !any_device) {
-    target = device_argument(inputs);
-  }
-  t.async = non_blocking && (any_device || target.has_value());
-  if (!any_device && !target.has_value()) {
-    // Host inputs only, maybe a device argument (x.to("cuda"), torch.tensor(data, device=...)): a
-    // blocking copy to a device has its output handled at the end, like a factory's, so its
-    // streams wait for the baseline before it allocates and writes, as a factory's do.
+  if (!any_device) {
+    // Host inputs only, maybe a device argument. A non_blocking copy to a device
+    // (x.to("cuda", non_blocking=True)) runs where its device argument says. A blocking one
+    // (x.to("cuda"), torch.tensor(data, device=...)) has its output handled at the end, like a
+    // factory's, so its streams wait for the baseline before it allocates and writes.
     auto& devices = thread_run().devices;
     device_arguments(inputs, devices);
-    enter_streams(devices);
+    if (non_blocking && !devices.empty()) {
+      target = devices.front();
+    } else {
+      enter_streams(devices);
+    }
   }
+  t.async = non_blocking && (any_device || target.has_value());
   wait_for_pins(t.accesses);
   ThreadRun& run = thread_run();
   if (!t.async && (watching_host() || g_pins.load(std::memory_order_acquire) > 0)) {
@@ -373,7 +363,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   Tls& t = tls;
   ++t.level;
   bool in_region = false;
-  if (t.active == kInRegion && g_observing.load(std::memory_order_relaxed)) {
+  if (t.active == kInRegion) {
     // Inside a compiled region its ops are the region's, but for a storage resize (Dynamo's
     // UntypedStorage.resize_, compiled FSDP2): its old block is freed, or a new one allocated,
     // at once, which the region's launch cannot order. It is observed as an op of its own.
