@@ -280,6 +280,9 @@ def test_cpu_read_of_a_pending_non_blocking_copy() -> None:
         return float(host.sum())                    # a CPU op reading the copy's result
 
     assert program() == 8.0 * N                     # tracked: the host waits for the copy
+    # The host allocator caches the freed block, with the right answer in it: the next pinned
+    # block of that size gets -1s first (LIFO), so that a read before the copy shows.
+    torch.empty(N, pin_memory=True).fill_(-1.0)
     with untracked():
         stale = program()
         assert stale != 8.0 * N, "the CPU read saw the copy's result without a wait"
@@ -309,6 +312,28 @@ def test_non_blocking_copies_from_the_host() -> None:
     assert torch.equal(program().cpu(), torch.full((N,), 1.0))
     with untracked():
         assert torch.equal(program().cpu(), torch.full((N,), 2.0))
+
+
+def test_a_pinned_block_is_not_handed_out_again_while_a_queued_copy_reads_it() -> None:
+    """The caching host allocator hands freed pinned blocks out again, but not one that a queued
+    non_blocking copy still reads: the copy holds its host tensor until it ran (CUDA's allocator
+    waits for the copy's event), so a pinned tensor made and written meanwhile gets another
+    block, and the copy delivers what the old one held."""
+    slow("aten::copy_ (cpu -> sim:0) non_blocking")
+    torch.accelerator.empty_host_cache()
+    src = torch.ones(N).pin_memory()
+    ptr = src.data_ptr()
+    y = src.to("sim:0", non_blocking=True)  # runs SLOW_MS later
+    del src
+    other = torch.empty(N, pin_memory=True)
+    other.fill_(5.0)
+    assert other.data_ptr() != ptr
+    assert torch.equal(y.cpu(), torch.ones(N))
+    del other
+    torch.accelerator.synchronize()
+    made = sim.host_memory_stats()["num_host_alloc"]
+    again = torch.empty(N, pin_memory=True)  # a cached block
+    assert sim.host_memory_stats()["num_host_alloc"] == made and again.is_pinned()
 
 
 @pytest.mark.parametrize("safety", ["keep_alive", "record_stream"])
