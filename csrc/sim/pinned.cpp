@@ -48,7 +48,7 @@ std::map<size_t, std::vector<PinnedBlock*>>& g_free =
 at::HostStats& g_stats = *new at::HostStats();
 
 // The previous uses of [p, p + n) are complete: the race checker and the host-side check forget
-// them (never throws: it runs in a deleter; g_pinned_mutex held, which fork.h orders first).
+// them (never throws: it runs in a deleter).
 void forget_history(void* ptr, size_t n) {
   const auto p = reinterpret_cast<uintptr_t>(ptr);
   try {
@@ -60,10 +60,12 @@ void forget_history(void* ptr, size_t n) {
 
 void free_pinned(void* ctx) {
   auto* block = static_cast<PinnedBlock*>(ctx);
+  // Before the block can be handed out again, and without g_pinned_mutex (the host check's lock
+  // may be held across a RecordFunction callback's removal).
+  forget_history(block->ptr, block->size);
   std::lock_guard<std::mutex> lock(g_pinned_mutex);
   g_stats.active_requests.decrease(1);
   g_stats.active_bytes.decrease(block->size);
-  forget_history(block->ptr, block->size);  // (the host's and the checker's locks come later)
   g_free[block->size].push_back(block);
 }
 
