@@ -2,7 +2,6 @@
 
 #include "executor.h"
 #include "fork.h"
-#include "host.h"
 #include "state.h"
 
 #include <c10/util/Exception.h>
@@ -290,54 +289,6 @@ void free_block(void* ctx) {
   the_allocator().free(static_cast<Block*>(ctx));
 }
 
-// ---- pinned host memory ----------------------------------------------------------------------
-std::mutex g_pinned_mutex;
-std::map<uintptr_t, size_t>* g_pinned = new std::map<uintptr_t, size_t>();
-
-void free_pinned(void* ptr) {
-  size_t n = 0;
-  {
-    std::lock_guard<std::mutex> lock(g_pinned_mutex);
-    auto it = g_pinned->find(reinterpret_cast<uintptr_t>(ptr));
-    if (it != g_pinned->end()) {
-      n = it->second;
-      g_pinned->erase(it);
-    }
-  }
-  if (n > 0) {
-    // Given back to the system: what async copies did to it is history, and so are the copies
-    // the host-side check still watched on it.
-    const auto p = reinterpret_cast<uintptr_t>(ptr);
-    forget_async_host_accesses(p, p + n);
-    State::get().checker().forget(p, p + n);
-  }
-  std::free(ptr);
-}
-
-class PinnedAllocator final : public c10::Allocator {
- public:
-  c10::DataPtr allocate(size_t n) override {
-    if (n == 0) {
-      return c10::DataPtr(nullptr, c10::Device(c10::kCPU));
-    }
-    void* ptr = std::aligned_alloc(64, (n + 63) / 64 * 64);
-    TORCH_CHECK_WITH(OutOfMemoryError, ptr != nullptr, "out of pinned host memory (", n, " bytes)");
-    {
-      std::lock_guard<std::mutex> lock(g_pinned_mutex);
-      g_pinned->emplace(reinterpret_cast<uintptr_t>(ptr), n);
-    }
-    return c10::DataPtr(ptr, ptr, &free_pinned, c10::Device(c10::kCPU));
-  }
-
-  c10::DeleterFnPtr raw_deleter() const override {
-    return &free_pinned;
-  }
-
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    std::memcpy(dest, src, count);
-  }
-};
-
 }  // namespace
 
 c10::DeviceAllocator* device_allocator() {
@@ -356,29 +307,13 @@ std::optional<c10::DeviceIndex> device_of(const void* ptr) {
   return the_allocator().device_of(ptr);
 }
 
-c10::Allocator* pinned_allocator() {
-  static PinnedAllocator* a = new PinnedAllocator();
-  return a;
-}
-
-bool is_pinned(const void* ptr) {
-  const auto p = reinterpret_cast<uintptr_t>(ptr);
-  std::lock_guard<std::mutex> lock(g_pinned_mutex);
-  auto it = g_pinned->upper_bound(p);
-  if (it == g_pinned->begin()) {
-    return false;
-  }
-  --it;
-  return p < it->first + std::max<size_t>(it->second, 1);
-}
-
 void lock_allocators_for_fork() {
   the_allocator().lock_for_fork();
-  g_pinned_mutex.lock();
+  lock_pinned_for_fork();
 }
 
 void unlock_allocators_after_fork() {
-  g_pinned_mutex.unlock();
+  unlock_pinned_after_fork();
   the_allocator().unlock_after_fork();
 }
 

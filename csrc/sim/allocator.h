@@ -1,5 +1,5 @@
 // The sim device's memory: a caching allocator over host memory that behaves like CUDA's where it
-// matters for races, and a "pinned" host allocator.
+// matters for races (allocator.cpp), and a caching "pinned" host allocator (pinned.cpp).
 //
 // Blocks are cached per (device, stream they were allocated on). A freed block goes back to its
 // stream's pool at once and is reused by the next allocation of a fitting size on that stream.
@@ -16,6 +16,7 @@
 
 #include "race_checker.h"
 
+#include <ATen/core/CachingHostAllocator.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/Device.h>
@@ -37,8 +38,11 @@ bool is_block(const c10::DataPtr& data_ptr);
 // The sim device of a pointer into a live or cached block, if any.
 std::optional<c10::DeviceIndex> device_of(const void* ptr);
 
-// Host memory that pin_memory() and non_blocking copies to the host use.
-c10::Allocator* pinned_allocator();
+// Host memory that pin_memory() and non_blocking copies to the host use: PrivateUse1's host
+// allocator (at::getHostAllocator), caching freed blocks for reuse like CUDA's (pinned.cpp).
+at::HostAllocator* host_allocator();
+c10::Allocator* pinned_allocator();  // the same
+// Whether `ptr` points into a block of the host allocator (live or cached).
 bool is_pinned(const void* ptr);
 
 // While an instance lives on this thread, reuse reports of the allocator are appended to `sink`

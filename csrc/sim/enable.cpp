@@ -155,6 +155,9 @@ void enable(int n, bool strict) {
   st.init_devices(n);
   c10::impl::registerDeviceGuard(kSim, make_guard_impl());
   c10::SetAllocator(kSim, device_allocator());
+  // torch.accelerator.empty_host_cache() (and PyTorch's other host-allocator calls) reach it
+  // through this slot; left empty, they dereference a null pointer.
+  at::setHostAllocator(kSim, host_allocator());
   at::RegisterPrivateUse1HooksInterface(new SimHooks());
   register_kernels();
   // torch.Stream() (getNewStream) draws from the pools of 32 like CUDA's; a pipeline slot's stream

@@ -182,6 +182,25 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return static_cast<c10::DeviceIndex>(State::get().num_devices());
   }
 
+  c10::DeviceCapability getDeviceCapability(c10::Device) const override {
+    // torch.accelerator.get_device_capability: the dtypes a sim tensor can be made of and
+    // converted from and to, those of the CPU's copy kernel (the sim runs it) less the quantized
+    // ones (PyTorch has no quantized PrivateUse1 kernels).
+    c10::DeviceCapability cap;
+    cap.capability_data.capability_bits = 0;
+    for (const int i : {c10::kIndex_Byte, c10::kIndex_Char, c10::kIndex_Short, c10::kIndex_Int,
+                        c10::kIndex_Long, c10::kIndex_Half, c10::kIndex_Float,
+                        c10::kIndex_Double, c10::kIndex_ComplexHalf, c10::kIndex_ComplexFloat,
+                        c10::kIndex_ComplexDouble, c10::kIndex_Bool, c10::kIndex_BFloat16,
+                        c10::kIndex_Float8_e5m2, c10::kIndex_Float8_e4m3fn,
+                        c10::kIndex_Float8_e5m2fnuz, c10::kIndex_Float8_e4m3fnuz,
+                        c10::kIndex_UInt16, c10::kIndex_UInt32, c10::kIndex_UInt64,
+                        c10::kIndex_Float8_e8m0fnu}) {
+      cap.capability_data.capability_bits |= uint64_t{1} << i;
+    }
+    return cap;
+  }
+
   bool queryStream(const c10::Stream& stream) const override {
     check_not_capturing("a stream query");
     const Timeline t = State::get().timeline(stream);

@@ -12,6 +12,21 @@ void add_accesses(const at::Tensor& t, bool write, const std::string& memory,
   if (!t.defined() || !t.has_storage()) {
     return;
   }
+  if (t.is_nested()) {
+    // A NestedTensorImpl has no sizes or strides, only its constituents' over one buffer, its
+    // storage: the whole buffer is what it touches.
+    const auto base = reinterpret_cast<uintptr_t>(t.storage().data());
+    if (base == 0 || t.storage().nbytes() == 0) {
+      return;
+    }
+    Access a;
+    a.begin = base;
+    a.end = base + t.storage().nbytes();
+    a.write = write;
+    a.memory = memory;
+    out.push_back(std::move(a));
+    return;
+  }
   const int64_t numel = t.numel();
   if (numel == 0) {
     return;

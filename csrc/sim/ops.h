@@ -20,7 +20,8 @@ constexpr int64_t kMaxRuns = int64_t{1} << 16;
 
 // The bytes of `t` as access ranges, appended to `out`, each described as `memory`: exact for
 // dense tensors and for strided views of up to kMaxRuns contiguous runs (so disjoint slices of one
-// storage do not conflict), coarser beyond. Nothing for undefined, storage-less or empty tensors.
+// storage do not conflict), coarser beyond; a nested tensor's is its whole buffer (its storage).
+// Nothing for undefined, storage-less or empty tensors.
 void add_accesses(const at::Tensor& t, bool write, const std::string& memory,
                   std::vector<Access>& out);
 

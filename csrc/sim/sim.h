@@ -12,7 +12,9 @@
 #include <c10/util/Exception.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace torch_pipeline {
@@ -49,6 +51,10 @@ std::string stream_label(const c10::Stream& stream);
 // `name`. Strict mode raises as for an op. Values are left as they are.
 void raw_kernel(const std::string& name, const std::vector<at::Tensor>& reads,
                 const std::vector<at::Tensor>& writes);
+
+// The pinned host allocator's statistics, flat, under torch.cuda.host_memory_stats' names
+// ("allocations.current", "active_bytes.peak", "num_host_alloc", ...).
+std::vector<std::pair<std::string, int64_t>> host_memory_stats();
 
 // Number of access records the checker keeps (for tests).
 size_t history_size();

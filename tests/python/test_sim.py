@@ -479,8 +479,45 @@ def test_freeing_pinned_memory_stops_watching_it() -> None:
     sim.synchronize(0)
     p.copy_(x, non_blocking=True)
     assert sim._C._sim_pending_host_accesses() == 1
-    del p  # given back to the system (a bug on a GPU before the copy completes; gone here)
+    del p  # back to the cache (a bug on a GPU before the copy completes; complete here)
     assert sim._C._sim_pending_host_accesses() == 0
+
+
+@SIM_PINNED
+def test_a_freed_pinned_block_is_handed_out_again() -> None:
+    """Sim's pinned memory is PrivateUse1's host allocator, caching like CUDA's: a freed block goes
+    back to the cache of its size (a power of two) and the next pinned allocation of that size gets
+    it again, with no new block from the system and no race with the copies that used it before
+    (they are complete when it is freed); empty_host_cache() gives the cached blocks back."""
+    x = torch.ones(N, device="sim:0")
+    torch.accelerator.empty_host_cache()
+    before = sim.host_memory_stats()
+    p = torch.empty(N).pin_memory()
+    ptr = p.data_ptr()
+    p.copy_(x, non_blocking=True)  # the default stream writes p
+    del p
+    q = torch.empty(N - 10, pin_memory=True)
+    assert q.data_ptr() == ptr and q.is_pinned()
+    q.fill_(2.0)  # a host write of the block: its earlier copy is history
+    assert sim.races() == []
+    stats = sim.host_memory_stats()
+    assert stats["num_host_alloc"] == before["num_host_alloc"] + 1
+    assert stats["allocations.current"] == before["allocations.current"] + 1
+    assert stats["active_requests.current"] == before["active_requests.current"] + 1
+    del q
+    assert sim.host_memory_stats()["allocations.current"] == before["allocations.current"] + 1
+    torch.accelerator.empty_host_cache()
+    stats = sim.host_memory_stats()
+    assert stats["allocations.current"] == before["allocations.current"]
+    assert stats["num_host_free"] == before["num_host_free"] + 1
+
+
+def test_empty_host_cache_after_the_device_is_initialized() -> None:
+    """torch.accelerator.empty_host_cache() calls PrivateUse1's host allocator once PyTorch counts
+    the device as initialized (a Python factory made a sim tensor): it once was a null pointer."""
+    x = torch.ones(N, device="sim:0")
+    torch.accelerator.empty_host_cache()
+    assert x.sum().item() == N
 
 
 def test_blocking_copy_to_host_synchronizes_the_stream() -> None:

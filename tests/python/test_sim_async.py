@@ -280,11 +280,68 @@ def test_cpu_read_of_a_pending_non_blocking_copy() -> None:
         return float(host.sum())                    # a CPU op reading the copy's result
 
     assert program() == 8.0 * N                     # tracked: the host waits for the copy
+    # The host allocator caches the freed block, with the right answer in it: the next pinned
+    # block of that size gets -1s first (LIFO), so that a read before the copy shows.
+    torch.empty(N, pin_memory=True).fill_(-1.0)
     with untracked():
         stale = program()
         assert stale != 8.0 * N, "the CPU read saw the copy's result without a wait"
         torch.accelerator.synchronize()
         assert any(r.later_op.endswith("(host)") for r in sim.races()), sim.races()
+
+
+def nested_halves(buffer: "torch.Tensor") -> "torch.Tensor":
+    """A nested tensor (NestedTensorImpl, as the transformer fast path makes) of two rows over the
+    memory of the 1-d CPU tensor `buffer`: its buffer is `buffer`'s storage."""
+    n = buffer.numel() // 2
+    nt = torch._nested_view_from_buffer(
+        buffer, torch.tensor([[n], [n]]), torch.tensor([[1], [1]]), torch.tensor([0, n]))
+    assert nt.is_nested and nt.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+    return nt
+
+
+def test_cpu_ops_on_nested_views_of_pinned_memory_a_pending_copy_uses() -> None:
+    """The tracker follows a nested tensor to its buffer, which is its storage: a CPU op reading a
+    nested view of the result of a pending non_blocking copy to the host waits for the copy, and
+    one writing a nested view of the source of a pending copy from the host waits before it
+    writes. Untracked, both see the race window (wrong values) and the race checker reports the
+    nested tensor's host access (its whole buffer)."""
+    p = tp.Pipeline()
+    waited: List[int] = []
+
+    def read() -> float:
+        slow("aten::mul.out")
+        host = torch.zeros(N).pin_memory()                 # (zeros until the copy lands)
+        with tp.pipeline(p):
+            y = ones(2.0) * 4
+            host.copy_(y, non_blocking=True)               # lands SLOW_MS later
+        nt = nested_halves(host)                           # a view: nothing waits yet
+        waits = tp.tracking_stats()["host_waits"]
+        total = float(torch.nested.to_padded_tensor(nt, 0.0).sum())
+        waited.append(tp.tracking_stats()["host_waits"] - waits)
+        return total
+
+    def write() -> Tuple[float, float]:
+        slow("aten::copy_ (cpu -> sim:0) non_blocking")
+        src = torch.ones(N).pin_memory()
+        with tp.pipeline(p):
+            back = src.to("sim:0", non_blocking=True)      # reads src SLOW_MS later
+        nested_halves(src).mul_(2)                         # a CPU write of src's buffer
+        torch.accelerator.synchronize()
+        return back.sum().item(), src.sum().item()
+
+    assert read() == 8.0 * N and waited == [1]            # the nested op waited, on its buffer
+    assert write() == (1.0 * N, 2.0 * N)
+    assert sim.races() == []
+    for program, right, host_op in ((read, 8.0 * N, "aten::nested_to_padded_tensor"),
+                                    (write, (1.0 * N, 2.0 * N), "aten::mul_")):
+        with untracked():
+            assert program() != right, "the CPU op ran inside the copy's window"
+            torch.accelerator.synchronize()
+            found = [r for r in sim.races() if r.later_stream == "host"]
+            assert found and found[0].later_op.startswith(host_op), sim.races()
+            assert "pinned host memory" in found[0].memory
+            sim.clear_races()
 
 
 def test_non_blocking_copies_from_the_host() -> None:
@@ -309,6 +366,28 @@ def test_non_blocking_copies_from_the_host() -> None:
     assert torch.equal(program().cpu(), torch.full((N,), 1.0))
     with untracked():
         assert torch.equal(program().cpu(), torch.full((N,), 2.0))
+
+
+def test_a_pinned_block_is_not_handed_out_again_while_a_queued_copy_reads_it() -> None:
+    """The caching host allocator hands freed pinned blocks out again, but not one that a queued
+    non_blocking copy still reads: the copy holds its host tensor until it ran (CUDA's allocator
+    waits for the copy's event), so a pinned tensor made and written meanwhile gets another
+    block, and the copy delivers what the old one held."""
+    slow("aten::copy_ (cpu -> sim:0) non_blocking")
+    torch.accelerator.empty_host_cache()
+    src = torch.ones(N).pin_memory()
+    ptr = src.data_ptr()
+    y = src.to("sim:0", non_blocking=True)  # runs SLOW_MS later
+    del src
+    other = torch.empty(N, pin_memory=True)
+    other.fill_(5.0)
+    assert other.data_ptr() != ptr
+    assert torch.equal(y.cpu(), torch.ones(N))
+    del other
+    torch.accelerator.synchronize()
+    made = sim.host_memory_stats()["num_host_alloc"]
+    again = torch.empty(N, pin_memory=True)  # a cached block
+    assert sim.host_memory_stats()["num_host_alloc"] == made and again.is_pinned()
 
 
 @pytest.mark.parametrize("safety", ["keep_alive", "record_stream"])

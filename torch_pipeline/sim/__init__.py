@@ -47,7 +47,7 @@ import atexit
 import os
 import sys
 import threading
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -66,6 +66,7 @@ __all__ = [
     "device_count",
     "enable",
     "graph",
+    "host_memory_stats",
     "is_available",
     "is_asynchronous",
     "is_enabled",
@@ -296,6 +297,22 @@ def synchronize(device: DeviceLike = None) -> None:
     _C._sim_synchronize(_index(device))
 
 
+def host_memory_stats() -> Dict[str, int]:
+    """Statistics of the sim's pinned host allocator, under ``torch.cuda.host_memory_stats``'
+    names: ``allocations`` and ``allocated_bytes`` count the blocks it holds (in use or cached),
+    ``active_requests`` and ``active_bytes`` those in use (each ``.current``, ``.peak``,
+    ``.allocated``, ``.freed``); ``num_host_alloc`` / ``num_host_free`` count the blocks taken
+    from and given back to the system. A freed pinned block is cached and handed out again;
+    ``torch.accelerator.empty_host_cache()`` gives the cached ones back.
+
+        >>> x = torch.empty(1000, pin_memory=True); del x
+        >>> y = torch.empty(1000, pin_memory=True)    # the same block again
+        >>> sim.host_memory_stats()["num_host_alloc"]
+        1
+    """
+    return dict(_C._sim_host_memory_stats())
+
+
 def raw_kernel(name: str, read: Sequence[torch.Tensor] = (), write: Sequence[torch.Tensor] = ()) -> None:
     """Stands in for a kernel the dispatcher never sees (a raw launch on data pointers): checks and
     records its accesses of the sim tensors ``read`` and ``write`` on the current stream of their
@@ -396,11 +413,18 @@ def set_rng_state(new_state: torch.Tensor, device: DeviceLike = None) -> None:
 
 
 def manual_seed_all(seed: int) -> None:
-    """Random ops on sim run their CPU kernels with the CPU generator: torch.manual_seed seeds it."""
+    """Seeds the generator that random ops on sim draw from: the CPU's, since they run their CPU
+    kernels (so it reseeds the CPU's random numbers too; torch.manual_seed calls it as well).
+
+        >>> torch.sim.manual_seed_all(0)
+        >>> a = torch.rand(3, device="sim")
+    """
+    torch.default_generator.manual_seed(int(seed))
 
 
 def manual_seed(seed: int) -> None:
-    """See :func:`manual_seed_all`."""
+    """The same as :func:`manual_seed_all` (every sim device draws from the CPU generator)."""
+    manual_seed_all(seed)
 
 
 # ---- torch.compile ----------------------------------------------------------------------------
