@@ -68,6 +68,13 @@ print(
     flush=True,
 )
 
+# The torch this build is for, read by torch_pipeline/_guard.py before it loads _C (a build for
+# one torch imported under another fails with an undefined symbol, or worse, loads).
+with open(os.path.join(ROOT, "torch_pipeline", "_build.py"), "w") as f:
+    f.write("# Written by setup.py: the torch this build of torch_pipeline._C is for.\n")
+    f.write(f"TORCH_VERSION = {torch.__version__!r}\n")
+    f.write(f"CUDA_VERSION = {torch.version.cuda if with_cuda else None!r}\n")
+
 extra_cxx = ["-O2", "-Wall", "-Wno-unused-parameter", "-fvisibility=hidden"]
 ext = extension_class(
     name="torch_pipeline._C",

@@ -26,7 +26,9 @@ from typing import Any
 
 import torch  # noqa: F401  (loads the libraries _C links against)
 
-from . import _C
+from ._guard import load_extension
+
+_C = load_extension()  # an ImportError that says what to do when _C is missing or mismatched
 from ._C import (
     Pipeline,
     PipelineEvent,
@@ -49,7 +51,7 @@ from ._lanes import carry, item_async, offload, prefetch
 from ._tasks import TaskFuture
 from ._tracking import track, tracking_stats
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "Pipeline",

@@ -88,6 +88,14 @@ AliasMap::Entry& AliasMap::entry_for(const c10::Storage& sim) {
   return entries_.back();
 }
 
+at::Tensor host_alias(const at::Tensor& t) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      c10::Storage(t.storage()), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  copy_math_bits(t, impl.get());
+  return at::Tensor(std::move(impl));
+}
+
 at::Tensor to_new_sim_tensor(const at::Tensor& c) {
   const bool dense = c.is_non_overlapping_and_dense();
   at::Tensor out = dense

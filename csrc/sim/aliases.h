@@ -47,6 +47,12 @@ class AliasMap {
   std::deque<Entry> entries_;  // pointers stay valid
 };
 
+// A CPU tensor over the memory of CPU tensor `t` (same sizes, strides, offset and math bits) with
+// no autograd metadata and a version counter of its own: what a queued kernel may hold of a host
+// tensor of the program, which it must not touch (its grad_fn, its version) from the stream's
+// thread.
+at::Tensor host_alias(const at::Tensor& t);
+
 // A new sim tensor on the current device holding the values of CPU tensor `c`.
 at::Tensor to_new_sim_tensor(const at::Tensor& c);
 

@@ -2,7 +2,11 @@
 // the dispatcher finds no other kernel for PrivateUse1; an op with a CompositeExplicitAutograd
 // kernel (written in other aten ops, for backends without a kernel of their own) would run that
 // instead, whose rounding differs from the CPU kernel's (native_layer_norm's composite differs by
-// 1e-7..1e-4). For each op that has both, the fallback is registered as its sim kernel.
+// 1e-7..1e-4). For each op that has both, the fallback is registered as its sim kernel. The same
+// for an op with a CPU kernel, a CompositeImplicitAutograd one and an autograd formula of its own
+// (silu_backward, mish_backward, native_channel_shuffle): without a sim kernel, the dispatcher
+// gives AutogradPrivateUse1 the decomposition (silu_backward through sigmoid: 1 ulp off the CPU's
+// fused kernel); with one, sim takes the CPU's path, autograd formula and kernel.
 //
 // scaled_dot_product_attention (a composite) picks its kernel by asking a per-device stub, which
 // has no entry for PrivateUse1, so it would run the unfused math kernel; sim's entry answers what
@@ -34,7 +38,11 @@ void register_cpu_kernels_over_composites(torch::Library& aten) {
     // (Not CompositeExplicitAutogradNonFunctional: that is how a structured op's functional and
     // in-place variants reach its out= kernel, the same CPU kernel, through sim memory the
     // dispatcher allocates; the tracker sees those inner out= ops.)
-    if (op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)) {
+    const bool implicit_with_formula =
+        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
+        op->hasKernelForDispatchKey(c10::DispatchKey::Autograd);
+    if (op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+        implicit_with_formula) {
       std::string unqualified = name.name.substr(6);
       if (!name.overload_name.empty()) {
         unqualified += "." + name.overload_name;

@@ -91,18 +91,18 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
     }
   }
   AliasMap map;
-  at::Tensor s = src_sim ? map.alias(src) : src;
-  at::Tensor d = dst_sim ? map.alias(dst) : dst;
+  at::Tensor s = src_sim ? map.alias(src) : host_alias(src);
+  at::Tensor d = dst_sim ? map.alias(dst) : host_alias(dst);
   if (!src_sim && non_blocking && !pinned && asynchronous()) {
-    s = src.clone();  // pageable memory: staged now, as CUDA does, so the host may reuse it
+    s = s.clone();  // pageable memory: staged now, as CUDA does, so the host may reuse it
   }
   const size_t bytes = static_cast<size_t>(dst.numel()) * dst.element_size();
   if (source_stream.has_value()) {
     stream_wait(run_on, *source_stream, stream_position(*source_stream));
   }
-  // The closure holds the host tensor (so pinned memory outlives the copy, as CUDA's caching host
-  // allocator keeps it) and CPU aliases that do not own sim memory (freed blocks go back to the
-  // cache at once, as on CUDA).
+  // The closure holds the host memory (so pinned memory outlives the copy, as CUDA's caching host
+  // allocator keeps it) through a host_alias, never the program's tensor, and CPU aliases that do
+  // not own sim memory (freed blocks go back to the cache at once, as on CUDA).
   launch(run_on, name, bytes, [s, d]() mutable { d.copy_(s); });
   if (source_stream.has_value()) {
     stream_wait(*source_stream, run_on, stream_position(run_on));

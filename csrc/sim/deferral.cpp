@@ -49,7 +49,7 @@ size_t nbytes_of(const at::Tensor& t) {
 }  // namespace
 
 bool try_defer(const c10::OperatorHandle& op, torch::jit::Stack* stack, const OpFacts& facts,
-               Runner runner, Timeline t) {
+               Runner runner, Timeline t, UncheckedPlan* unchecked) {
   const auto& schema = op.schema();
   if (facts.syncs_host || draws_random_numbers(schema, facts)) {
     return false;
@@ -88,7 +88,18 @@ bool try_defer(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Op
   }
   const std::shared_ptr<const Plan> plan =
       plan_for(op, *stack, first, sims, runner, cacheable ? &key : nullptr);
-  if (!plan->deferrable) {
+  if (!plan->deferrable || plan->check.load() == Plan::kDisagrees) {
+    return false;
+  }
+  if (plan->check.load() == Plan::kUnchecked) {
+    unchecked->plan = plan;
+    for (const Argument& a : sims) {
+      if (!a.write) continue;
+      unchecked->written_sizes.push_back(a.sim.sizes().vec());
+      unchecked->written_strides.push_back(a.sim.strides().vec());
+      unchecked->written_bits.push_back(a.sim.is_conj() * 2 + a.sim.is_neg());
+    }
+    unchecked->arguments = std::move(sims);
     return false;
   }
 
@@ -123,7 +134,7 @@ bool try_defer(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Op
   {
     DeferReuseReports defer(&reused);
     auto make = [&](const Result& r, size_t ret, int64_t elem) -> at::Tensor {
-      if (r.kind == Result::kNone) return at::Tensor();
+      if (r.kind == Result::kNone || r.kind == Result::kUndefined) return at::Tensor();
       if (r.kind == Result::kArgument) return sims[r.argument].sim;
       at::Tensor out = at::detail::empty_strided_generic(
           r.sizes, r.strides, device_allocator(), kSimKeys, r.dtype);

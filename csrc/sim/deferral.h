@@ -28,10 +28,14 @@ namespace sim {
 using Runner = void (*)(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                         c10::DispatchKeySet keys);
 
+struct UncheckedPlan;
+
 // Queues the op on stream `t` of the current device and replaces its arguments on `stack` by its
-// sim results; false (stack untouched, nothing recorded) when the op cannot be deferred.
+// sim results; false (stack untouched, nothing recorded) when the op cannot be deferred. When the
+// op could be deferred by a plan not yet checked against the CPU kernel, `unchecked` receives it:
+// the caller runs the op at once and checks the plan with its results (meta_plan.h).
 bool try_defer(const c10::OperatorHandle& op, torch::jit::Stack* stack, const OpFacts& facts,
-               Runner runner, Timeline t);
+               Runner runner, Timeline t, UncheckedPlan* unchecked);
 
 }  // namespace sim
 }  // namespace torch_pipeline

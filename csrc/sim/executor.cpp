@@ -10,6 +10,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
+#include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 
 #include <atomic>
@@ -40,7 +41,10 @@ void note_error(const std::string& message) {
 // A queue's thread is the device: the CPU ops its kernels run are the device's internals, not
 // ops of the program, so RecordFunction is off there. (Observed, they would look like the
 // program's ops to automatic synchronization, which could make the device wait for itself: a
-// queued copy into watched host memory waiting for that very copy.)
+// queued copy into watched host memory waiting for that very copy.) Grad mode is off too: a
+// kernel is below autograd, as a CUDA kernel is, and must never add to the program's graph.
+// (On, a queued copy into a tensor that autograd had since made an op's output gave it a
+// CopyBackwards: backward through a non_blocking copy to the host gave zero gradients.)
 core::StreamQueue* make_queue(uint64_t base) {
   const int threads = at::get_num_threads();
   return new core::StreamQueue(
@@ -48,6 +52,7 @@ core::StreamQueue* make_queue(uint64_t base) {
       [threads] {
         at::set_num_threads(threads);
         at::enableRecordFunction(false);
+        c10::GradMode::set_enabled(false);
       },
       &note_error);
 }

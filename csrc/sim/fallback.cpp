@@ -22,6 +22,7 @@
 #include "executor.h"
 #include "host.h"
 #include "latency.h"
+#include "meta_plan.h"
 #include "state.h"
 
 #include "../runtime/ivalue_tensors.h"
@@ -59,8 +60,9 @@ class FallbackCall {
     const c10::DeviceIndex device = find_device(first, nargs);
     DeviceScope scope(device);
     const Timeline t = current_timeline(device);
+    UncheckedPlan unchecked;
     if (asynchronous() && !facts_.transparent) {
-      if (try_defer(op_, &stack_, facts_, runner_, t)) {
+      if (try_defer(op_, &stack_, facts_, runner_, t, &unchecked)) {
         return;
       }
       host_wait(t, /*report=*/false);  // a syncing op: what the stream queued runs first
@@ -85,6 +87,9 @@ class FallbackCall {
       const size_t nrets = op_.schema().returns().size();
       for (size_t i = stack_.size() - nrets; i < stack_.size(); ++i) {
         stack_[i] = to_sim(stack_[i], created);
+      }
+      if (unchecked.plan) {
+        check_plan(unchecked, stack_, nrets);
       }
     }
     if (!facts_.transparent) {
@@ -262,6 +267,10 @@ class FallbackCall {
         ci->storage_offset() != si->storage_offset()) {
       si->set_sizes_and_strides(ci->sizes(), ci->strides(), ci->storage_offset());
     }
+    // NB: a kernel may flip the math bits of an out= argument: linalg_lu_solve(left=False) solves
+    // for the conjugate transpose in place and then sets the conjugate bit of its result.
+    if (ci->is_conj() != si->is_conj()) si->_set_conj(ci->is_conj());
+    if (ci->is_neg() != si->is_neg()) si->_set_neg(ci->is_neg());
     if (changed) {
       add_accesses(w.sim, /*write=*/true, created);
     }

@@ -110,7 +110,10 @@ std::shared_ptr<const Plan> make_plan(const c10::OperatorHandle& op, const torch
     }
   }
   auto describe = [&](const at::Tensor& m, Result& r) -> bool {
-    if (!m.defined()) return true;
+    if (!m.defined()) {
+      r.kind = Result::kUndefined;
+      return true;
+    }
     for (size_t k = 0; k < meta_args.size(); ++k) {
       if (meta_args[k].unsafeGetTensorImpl() == m.unsafeGetTensorImpl()) {
         r.kind = Result::kArgument;
@@ -229,6 +232,60 @@ std::shared_ptr<const Plan> plan_for(const c10::OperatorHandle& op, const torch:
     tls_plans.emplace(key->str(), plan);
   }
   return plan;
+}
+
+namespace {
+
+bool agrees(const Result& r, const c10::IValue& v, const std::vector<Argument>& arguments) {
+  if (r.kind == Result::kNone) return v.isNone();
+  if (!v.isTensor()) return false;
+  const at::Tensor& t = v.toTensor();
+  if (r.kind == Result::kUndefined) return !t.defined();
+  if (!t.defined()) return false;
+  if (r.kind == Result::kArgument) {
+    return t.unsafeGetTensorImpl() == arguments[r.argument].sim.unsafeGetTensorImpl();
+  }
+  for (const Argument& a : arguments) {
+    if (a.sim.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return false;
+  }
+  return t.sizes().vec() == r.sizes && t.strides().vec() == r.strides &&
+         t.scalar_type() == r.dtype && t.storage_offset() == 0 && !t.is_conj() && !t.is_neg();
+}
+
+bool agrees(const Plan& plan, const c10::IValue* results, size_t nrets,
+            const std::vector<Argument>& arguments) {
+  if (plan.returns.size() != nrets) return false;
+  for (size_t r = 0; r < nrets; ++r) {
+    const c10::IValue& v = results[r];
+    const std::vector<Result>& list = plan.lists[r];
+    if (plan.returns[r].has_value()) {
+      if (!v.isTensorList() || v.toTensorList().size() != list.size()) return false;
+      const auto tensors = v.toTensorList();
+      for (size_t j = 0; j < list.size(); ++j) {
+        if (!agrees(list[j], c10::IValue(tensors.get(j)), arguments)) return false;
+      }
+    } else if (!agrees(list.front(), v, arguments)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+void check_plan(const UncheckedPlan& unchecked, const torch::jit::Stack& stack, size_t nrets) {
+  TORCH_INTERNAL_ASSERT(stack.size() >= nrets);
+  bool ok = agrees(*unchecked.plan, stack.data() + (stack.size() - nrets), nrets,
+                   unchecked.arguments);
+  size_t w = 0;
+  for (const Argument& a : unchecked.arguments) {
+    if (!a.write) continue;
+    ok = ok && a.sim.sizes().vec() == unchecked.written_sizes[w] &&
+         a.sim.strides().vec() == unchecked.written_strides[w] &&
+         a.sim.is_conj() * 2 + a.sim.is_neg() == unchecked.written_bits[w];
+    ++w;
+  }
+  unchecked.plan->check.store(ok ? Plan::kAgrees : Plan::kDisagrees);
 }
 
 }  // namespace sim

@@ -14,6 +14,7 @@
 #include <ATen/core/stack.h>
 #include <c10/core/ScalarType.h>
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <optional>
@@ -28,19 +29,45 @@ struct Argument {  // a sim tensor argument, in the order of the op's arguments
   bool write;
 };
 
-// What the meta computation found: the op's results, each None, a (written) argument or a new
-// tensor of this layout. The same for every call whose arguments have the same key (below).
+// What the meta computation found: the op's results, each None, an undefined tensor (an optional
+// output the op did not compute: convolution_backward's masked-off gradients), a (written)
+// argument or a new tensor of this layout. The same for every call whose arguments have the same
+// key (below). NB: None and an undefined tensor differ on the stack: a Tensor return unboxes
+// None as "Expected Tensor but got None".
 struct Result {
-  enum Kind { kNone, kArgument, kNew } kind = kNone;
+  enum Kind { kNone, kUndefined, kArgument, kNew } kind = kNone;
   size_t argument = 0;  // index into the Arguments
   std::vector<int64_t> sizes, strides;
   c10::ScalarType dtype = c10::ScalarType::Undefined;
 };
+// See Note [A plan is checked against the CPU kernel once].
 struct Plan {
   bool deferrable = false;
   std::vector<std::optional<std::vector<Result>>> returns;  // nullopt: a single result in [0]
   std::vector<std::vector<Result>> lists;                   // per return: its results
+  enum Check : int { kUnchecked, kAgrees, kDisagrees };
+  mutable std::atomic<int> check{kUnchecked};  // plans are per thread; atomic for clarity only
 };
+
+// Note [A plan is checked against the CPU kernel once]
+// A meta kernel is not always its CPU kernel's twin: native_batch_norm's CPU kernel returns empty
+// save_mean/save_invstd where the meta kernel gives them C elements, native_layer_norm's CPU kernel
+// returns float statistics for bfloat16 inputs, _embedding_bag's CPU kernel sizes offset2bag by
+// mode. A queued kernel whose results do not fit the outputs allocated from the plan fails on its
+// stream, or worse, copies into them with a conversion. So the first call of each plan runs at once
+// (as a syncing op does), and its results are compared with the plan (check_plan below): only a
+// plan the CPU kernel agreed with defers later calls; one it disagreed with never does.
+struct UncheckedPlan {
+  std::shared_ptr<const Plan> plan;
+  std::vector<Argument> arguments;                  // the sim arguments, as try_defer saw them
+  std::vector<std::vector<int64_t>> written_sizes;  // per written argument, before the kernel
+  std::vector<std::vector<int64_t>> written_strides;
+  std::vector<int> written_bits;  // is_conj() * 2 + is_neg()
+};
+
+// Compares the results of the op's first call (the sim values on `stack` after the synchronous
+// run, `nrets` of them at its end) and its written arguments with the plan; records the verdict.
+void check_plan(const UncheckedPlan& unchecked, const torch::jit::Stack& stack, size_t nrets);
 
 // The key of a call (KeyBuilder in meta_plan.cpp); false when an argument cannot be keyed.
 class CallKey {

@@ -2,7 +2,8 @@
 
 Plain PyTorch programs (no torch_pipeline pipelines unless a test says so), each asserting the race
 checker's verdict both ways: the racy program is reported, the correctly synchronized one is not.
-Plus: ops on sim compute what they compute on the CPU (OpInfo samples and a hand-picked set), and a
+Plus: ops on sim compute what they compute on the CPU (a hand-picked set; the whole OpInfo database is
+in test_sim_opinfo.py), and a
 1000-op program is checked in well under a second.
 
 Enabling sim renames PyTorch's PrivateUse1 backend for the rest of the process and makes "sim"
@@ -1051,100 +1052,81 @@ def test_hand_picked_ops_match_cpu(name: str) -> None:
     assert sim.races() == []
 
 
-UNINITIALIZED = {"empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided",
-                 "empty_permuted"}
+def _complex(*shape: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, dtype=torch.complex64, generator=g)
 
 
-# Ops whose CPU kernel rounds differently depending on where its data lies, so a sim run, whose
-# memory lies elsewhere, agrees with a CPU run to rounding only. linalg.lstsq: on this machine's
-# LAPACK, the same 5x3 input copied to offsets 1..6 of a buffer gives solutions 1e-7 apart.
-ADDRESS_DEPENDENT = {"linalg.lstsq"}
+def _well_conditioned(n: int) -> torch.Tensor:
+    return _complex(n, n, seed=7) + 4 * torch.eye(n, dtype=torch.complex64)
 
 
-def test_opinfo_samples_match_cpu(capsys: pytest.CaptureFixture[str]) -> None:
-    """Every OpInfo op with float32 CPU support, all its samples (made on sim), gives the CPU's
-    results bit for bit (ADDRESS_DEPENDENT ops: to rounding)."""
-    pytest.importorskip("expecttest", reason="torch.testing._internal needs expecttest")
-    from torch.testing._internal.common_methods_invocations import op_db
-    from torch.testing._internal.opinfo.core import SampleInput
-    from torch.utils._pytree import tree_map
+def _out_conj(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """fn(*args, out=o) with o a conjugate view, returning o (its bit and its values)."""
+    def run(*args: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(args[0].shape, dtype=args[0].dtype, device=args[0].device).conj()
+        fn(*args, out=out)
+        return out
+    return run
 
-    def exact_cpu(t: Any) -> Any:  # a CPU tensor with the same storage layout
-        if isinstance(t, torch.device) and t.type == "sim":
-            return torch.device("cpu")
-        if isinstance(t, str) and t.startswith("sim"):
-            return "cpu"
-        if not (isinstance(t, torch.Tensor) and t.device.type == "sim"):
-            return t
-        storage = t.untyped_storage().cpu()
-        out = torch.empty(0, dtype=t.dtype).set_(storage, t.storage_offset(), t.size(), t.stride())
-        return out.requires_grad_(t.requires_grad)
 
-    def to_cpu(t: Any) -> Any:
-        return t.cpu() if isinstance(t, torch.Tensor) and t.device.type == "sim" else t
+# Ops whose kernels see or set the conjugate and negative bits (is_conj(), _neg_view()): on their
+# inputs, on out= arguments, and flipped by the kernel itself on its result (linalg_lu_solve and
+# linalg_solve with left=False solve for the adjoint in place, then set the result's bit).
+MATH_BITS: Dict[str, Tuple[Callable[..., Any], Tuple[torch.Tensor, ...]]] = {
+    "lu_solve left=False": (lambda a, b: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), b, left=False),
+                            (_well_conditioned(3), _complex(2, 3))),
+    "lu_solve left=False adjoint": (
+        lambda a, b: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), b, left=False, adjoint=True),
+        (_well_conditioned(3), _complex(2, 3))),
+    "lu_solve left": (lambda a, b: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), b),
+                      (_well_conditioned(3), _complex(3, 2))),
+    "solve left=False": (lambda a, b: torch.linalg.solve(a, b, left=False),
+                         (_well_conditioned(3), _complex(2, 3))),
+    "solve_triangular left=False": (
+        lambda a, b: torch.linalg.solve_triangular(a.triu(), b, upper=True, left=False),
+        (_well_conditioned(3), _complex(2, 3))),
+    "conj inputs": (lambda a, b: (a.conj() @ b, torch.mm(a.mH, b.conj()), a.conj() * b),
+                    (_complex(3, 3), _complex(3, 3, seed=1))),
+    "neg view inputs": (lambda a, b: (a._neg_view() + b, torch.mm(a._neg_view(), b)),
+                        (_complex(3, 3), _complex(3, 3, seed=1))),
+    "out= a conj view": (_out_conj(torch.mul), (_complex(4), _complex(4, seed=1))),
+    "out= a conj view, mm": (_out_conj(torch.mm), (_complex(3, 3), _complex(3, 3, seed=1))),
+    "lu_solve out= a conj view": (
+        lambda a, b: _out_conj(lambda x, out: torch.linalg.lu_solve(
+            *torch.linalg.lu_factor(a), x, left=False, out=out))(b),
+        (_well_conditioned(3), _complex(2, 3))),
+}
 
-    def same(got: Any, expected: Any) -> bool:  # assert_close(atol=0, rtol=0), but faster
-        a, b = torch.utils._pytree.tree_flatten(got), torch.utils._pytree.tree_flatten(expected)
-        if a[1] != b[1]:
-            return False
-        for x, y in zip(a[0], b[0]):
-            if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
-                if not (x == y or (x != x and y != y)):
-                    return False
-            elif (x.shape != y.shape or x.dtype != y.dtype or x.is_conj() != y.is_conj()
-                  or x.is_neg() != y.is_neg()):
-                return False
-            else:
-                try:  # NaNs in the same places count as equal
-                    if not (torch.equal(x, y) or bool(((x == y) | (x.isnan() & y.isnan())).all())):
-                        return False
-                except (RuntimeError, NotImplementedError):  # dtypes without these kernels
-                    return False  # assert_close decides
-        return True
 
-    compared, failed = [], {}
-    for op in op_db:
-        if torch.float32 not in op.supported_dtypes("cpu"):
-            continue
-        name = op.name + ("." + op.variant_test_name if op.variant_test_name else "")
-        try:
-            torch.manual_seed(0)
-            samples = list(op.sample_inputs("sim:0", torch.float32, requires_grad=False))
-        except Exception:  # noqa: BLE001 - sparse layouts: sim is strided only
-            continue
-        checked = 0
-        for s in samples:
-            ref = SampleInput(tree_map(exact_cpu, s.input), args=tree_map(exact_cpu, s.args),
-                              kwargs=tree_map(exact_cpu, s.kwargs))
-            try:
-                torch.manual_seed(0)
-                expected = op(ref.input, *ref.args, **ref.kwargs)
-            except Exception:  # noqa: BLE001 - a sample that fails on the CPU too
-                continue
-            if any(isinstance(t, torch.Tensor) and t.layout != torch.strided
-                   for t in torch.utils._pytree.tree_leaves(expected)):
-                continue
-            try:
-                torch.manual_seed(0)
-                got = tree_map(to_cpu, op(s.input, *s.args, **s.kwargs))
-                if op.name in UNINITIALIZED:
-                    assert got.shape == expected.shape and got.dtype == expected.dtype
-                elif op.name in ADDRESS_DEPENDENT or not same(got, expected):
-                    inexact = op.name in ADDRESS_DEPENDENT
-                    torch.testing.assert_close(got, expected, equal_nan=True,
-                                               atol=1e-5 if inexact else 0,
-                                               rtol=1e-4 if inexact else 0, check_device=False)
-                checked += 1
-            except Exception as e:  # noqa: BLE001
-                failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-                break
-        if checked and name not in failed:
-            compared.append(name)
-    with capsys.disabled():
-        print(f"\n[sim] OpInfo: {len(compared)} ops match the CPU; {len(failed)} differ")
-    assert not failed, failed
-    assert len(compared) >= 600  # 669 with torch 2.13: samples are not skipped wholesale
-    assert sim.races() == []  # everything ran on the default streams
+@pytest.mark.parametrize("name", sorted(MATH_BITS))
+def test_conjugate_and_negative_bits_survive_the_fallback(name: str) -> None:
+    """Results equal the CPU's bit for bit, conjugate and negative bits included."""
+    fn, args = MATH_BITS[name]
+    expected = fn(*[a.clone() for a in args])
+    got = fn(*[a.to("sim:0") for a in args])
+    expected = list(expected) if isinstance(expected, tuple) else [expected]
+    got = list(got) if isinstance(got, tuple) else [got]
+    for i, (g, e) in enumerate(zip(got, expected)):
+        assert (g.is_conj(), g.is_neg(), g.shape, g.stride()) == \
+            (e.is_conj(), e.is_neg(), e.shape, e.stride()), f"{name}: result {i}"
+        assert torch.equal(g.resolve_conj().resolve_neg().cpu(), e.resolve_conj().resolve_neg()), \
+            f"{name}: result {i} differs"
+
+
+@pytest.mark.parametrize("fn", ["silu", "mish"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_activation_backward_runs_the_cpu_kernel(fn: str, dtype: torch.dtype) -> None:
+    """silu_backward / mish_backward: the CPU's fused kernel, not a decomposition (1 ulp apart)."""
+    f = getattr(torch.nn.functional, fn)
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(0)).to(dtype)
+    expected = torch.autograd.grad(f(x.requires_grad_()).sum(), x)[0]
+    xs = x.detach().to("sim:0").requires_grad_()
+    with torch.profiler.profile() as prof:
+        got = torch.autograd.grad(f(xs).sum(), xs)[0]
+    assert torch.equal(got.cpu(), expected)
+    assert f"aten::{fn}_backward" in {e.name for e in prof.events()}
+    assert "aten::sigmoid" not in {e.name for e in prof.events()}
 
 
 # ---- cost ----------------------------------------------------------------------------------------

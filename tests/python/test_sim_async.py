@@ -17,7 +17,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from typing import Iterator, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import pytest
 import torch
@@ -672,6 +672,221 @@ def test_queued_results_have_the_layout_and_values_of_the_synchronous_run() -> N
         assert torch.equal(x.cpu(), r.cpu()), i
 
 
+# ---- optional outputs and inputs ------------------------------------------------------------------
+# Ops whose outputs are undefined where their output_mask says False (a conv without bias, a norm
+# without affine parameters, an input that does not require grad), and ops whose optional inputs
+# are absent. Each case: (ops to run, on tensors of `device`) -> results; run on the CPU and twice
+# on the asynchronous sim (the first call checks the plan against the CPU kernel, the second is
+# queued: Note [A plan is checked against the CPU kernel once]).
+def _bn_stats(x: "torch.Tensor") -> Tuple["torch.Tensor", "torch.Tensor"]:
+    _, mean, invstd = torch.ops.aten.native_batch_norm(x, None, None, None, None, True, 0.1, 1e-5)
+    return mean, invstd
+
+
+def _optional_output_cases() -> Dict[str, Tuple[Callable[..., Any], int]]:
+    """name -> (fn(tensors, mask) -> results, mask length); tensors: a dict of CPU tensors that
+    fn receives copied to the device under test."""
+    aten = torch.ops.aten
+    cases: Dict[str, Tuple[Callable[..., Any], int]] = {
+        "convolution_backward": (lambda t, m: aten.convolution_backward(
+            t["go4"], t["x6"], t["w3"], [3], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, m), 3),
+        "convolution_backward transposed": (lambda t, m: aten.convolution_backward(
+            t["x6"], t["go4"], t["w3"], [2], [1, 1], [0, 0], [1, 1], True, [0, 0], 1, m), 3),
+        "native_batch_norm_backward": (lambda t, m: aten.native_batch_norm_backward(
+            t["x6"], t["x6"] * 2, t["c2"], None, None, *_bn_stats(t["x6"] * 2), True, 1e-5, m), 3),
+        "native_batch_norm_backward eval": (lambda t, m: aten.native_batch_norm_backward(
+            t["x6"], t["x6"] * 2, t["c2"], t["c2"] * 0.1, t["c2"].abs() + 1, None, None, False,
+            1e-5, m), 3),
+        "native_layer_norm_backward": (lambda t, m: aten.native_layer_norm_backward(
+            t["x6"], t["x6"] * 2, [6], *aten.native_layer_norm(t["x6"] * 2, [6], None, None, 1e-5)[1:],
+            t["c6"], t["c6"] + 1, m), 3),
+        "native_layer_norm_backward without weight": (lambda t, m: aten.native_layer_norm_backward(
+            t["x6"], t["x6"] * 2, [6], *aten.native_layer_norm(t["x6"] * 2, [6], None, None, 1e-5)[1:],
+            None, None, m + [False, False]), 1),  # no weight, no bias: no gradients for them
+        "native_group_norm_backward": (lambda t, m: aten.native_group_norm_backward(
+            t["x6"], t["x6"] * 2, *aten.native_group_norm(t["x6"] * 2, None, None, 1, 2, 36, 1, 1e-5)[1:],
+            t["c2"], 1, 2, 36, 1, m), 3),
+        "grid_sampler_2d_backward": (lambda t, m: aten.grid_sampler_2d_backward(
+            t["go4"][:, :2], t["x6"], t["grid"], 0, 0, False, m), 2),
+        "_slow_conv2d_backward": (lambda t, m: aten._slow_conv2d_backward.output_mask(
+            t["go4"], t["x6"], t["w3"], [3, 3], [1, 1], [0, 0], m), 3),
+    }
+    if torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_rms_norm_backward", "CPU"):
+        cases["_fused_rms_norm_backward"] = (lambda t, m: aten._fused_rms_norm_backward(
+            t["x6"], t["x6"] * 2, [6], aten._fused_rms_norm(t["x6"] * 2, [6], t["c6"], 1e-5)[1],
+            t["c6"], m), 2)
+    return cases
+
+
+def _optional_tensors() -> Dict[str, "torch.Tensor"]:
+    g = torch.Generator().manual_seed(0)
+    return {"x6": torch.randn(1, 2, 6, 6, generator=g), "go4": torch.randn(1, 3, 4, 4, generator=g),
+            "w3": torch.randn(3, 2, 3, 3, generator=g), "c2": torch.randn(2, generator=g),
+            "c6": torch.randn(6, generator=g), "grid": torch.rand(1, 4, 4, 2, generator=g) * 2 - 1}
+
+
+def _same_results(got: Any, expected: Any) -> None:
+    got = list(got) if isinstance(got, (tuple, list)) else [got]
+    expected = list(expected) if isinstance(expected, (tuple, list)) else [expected]
+    assert len(got) == len(expected)
+    for i, (a, b) in enumerate(zip(got, expected)):
+        if b is None:
+            assert a is None, f"result {i}: the CPU gives None (undefined), sim {a}"
+            continue
+        assert a is not None, f"result {i}: sim gives None, the CPU a tensor"
+        assert (a.shape, a.dtype, a.stride()) == (b.shape, b.dtype, b.stride()), i
+        assert torch.equal(a.cpu(), b), f"result {i} differs"
+
+
+@pytest.mark.parametrize("name", sorted(_optional_output_cases()))
+def test_ops_with_optional_outputs_queue_like_the_cpu_for_every_mask(name: str) -> None:
+    """Every output_mask combination: the undefined outputs stay undefined (not None), the
+    defined ones equal the CPU's, on the checking call and on the queued one."""
+    import itertools
+
+    fn, n = _optional_output_cases()[name]
+    cpu = _optional_tensors()
+    dev = {k: v.to("sim:0") for k, v in cpu.items()}
+    sim.set_latency(launch_us=200)
+    for mask in itertools.product([True, False], repeat=n):
+        expected = fn(cpu, list(mask))
+        first = fn(dev, list(mask))    # run at once: its plan is checked
+        second = fn(dev, list(mask))   # queued
+        _same_results(first, expected)
+        _same_results(second, expected)
+    assert sim.races() == []
+
+
+def _embedding_bag(w: "torch.Tensor", mode: str, weighted: bool) -> "torch.Tensor":
+    idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9], device=w.device)
+    offsets = torch.tensor([0, 4], device=w.device)
+    psw = torch.arange(8.0, device=w.device) / 8 if weighted else None
+    return torch.nn.functional.embedding_bag(idx, w, offsets, mode=mode, per_sample_weights=psw)
+
+
+# name -> fn(device) -> (loss, tensors whose gradients are compared): ops with absent optional
+# inputs, and modules whose backward has masked-off outputs.
+def _module_cases() -> Dict[str, Callable[[str], Tuple["torch.Tensor", List["torch.Tensor"]]]]:
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    def params(make: Callable[[], "nn.Module"], device: str) -> "nn.Module":
+        torch.manual_seed(0)
+        return make().to(device)
+
+    def conv(device: str) -> Any:  # the first conv of every ResNet: no bias, input without grad
+        c = params(lambda: nn.Conv2d(3, 4, 3, bias=False), device)
+        return c(torch.randn(2, 3, 6, 6).to(device)).sum(), [c.weight]
+
+    def norm(make: Callable[[], "nn.Module"], shape: Tuple[int, ...]) -> Callable[[str], Any]:
+        def run(device: str) -> Any:
+            m = params(make, device)
+            x = torch.randn(*shape).to(device).requires_grad_()
+            return (m(x) * torch.arange(x.numel()).reshape(shape).to(device)).sum(), \
+                [x] + list(m.parameters())
+        return run
+
+    def embedding_bag(mode: str, weighted: bool) -> Callable[[str], Any]:
+        def run(device: str) -> Any:
+            torch.manual_seed(0)
+            w = torch.randn(10, 3).to(device).requires_grad_()
+            return (_embedding_bag(w, mode, weighted) * 3).sum(), [w]
+        return run
+
+    def sdpa(device: str) -> Any:  # only the query requires grad
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(1, 2, 4, 8).to(device) for _ in range(3))
+        q.requires_grad_()
+        return F.scaled_dot_product_attention(q, k, v).sum(), [q]
+
+    def embedding(device: str) -> Any:
+        torch.manual_seed(0)
+        w = torch.randn(10, 3).to(device).requires_grad_()
+        return F.embedding(torch.tensor([[1, 2], [4, 1]]).to(device), w, padding_idx=1).sum(), [w]
+
+    return {
+        "conv2d without bias": conv,
+        "batch_norm without affine": norm(lambda: nn.BatchNorm2d(3, affine=False), (2, 3, 4, 4)),
+        "batch_norm eval": norm(lambda: nn.BatchNorm2d(3).eval(), (2, 3, 4, 4)),
+        "batch_norm without running stats": norm(
+            lambda: nn.BatchNorm2d(3, track_running_stats=False), (2, 3, 4, 4)),
+        "layer_norm without affine": norm(lambda: nn.LayerNorm(4, elementwise_affine=False),
+                                          (2, 3, 4)),
+        "layer_norm without bias": norm(lambda: nn.LayerNorm(4, bias=False), (2, 3, 4)),
+        "group_norm without affine": norm(lambda: nn.GroupNorm(1, 3, affine=False), (2, 3, 4)),
+        "instance_norm": norm(lambda: nn.InstanceNorm2d(3), (2, 3, 4, 4)),
+        "embedding_bag sum": embedding_bag("sum", False),
+        "embedding_bag sum weighted": embedding_bag("sum", True),
+        "embedding_bag mean": embedding_bag("mean", False),
+        "embedding_bag max": embedding_bag("max", False),
+        "embedding with padding_idx": embedding,
+        "scaled_dot_product_attention, query only": sdpa,
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_module_cases()))
+def test_backward_with_masked_outputs_and_absent_inputs_equals_the_cpu(name: str) -> None:
+    """Forward and backward (twice: checking call, then queued) give the CPU's loss and
+    gradients bit for bit."""
+    fn = _module_cases()[name]
+    loss, leaves = fn("cpu")
+    expected = [loss.detach()] + list(torch.autograd.grad(loss, leaves))
+    sim.set_latency(launch_us=200)
+    for _ in range(2):
+        loss, leaves = fn("sim:0")
+        got = [loss.detach()] + list(torch.autograd.grad(loss, leaves))
+        for i, (a, b) in enumerate(zip(got, expected)):
+            assert torch.equal(a.cpu(), b), f"{name}: result {i} differs"
+    assert sim.races() == []
+
+
+def test_resnet18_trains_on_the_asynchronous_sim_as_on_the_synchronous_one() -> None:
+    """torchvision's resnet18 (no weights), two SGD steps with momentum in a pipeline: the same
+    losses and weights, bit for bit, as the synchronous sim."""
+    from _resnet import resnet18
+
+    def train() -> Tuple[List[float], List["torch.Tensor"]]:
+        torch.manual_seed(0)
+        model = resnet18(num_classes=10).to("sim:0")
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        p = tp.Pipeline()
+        losses = []
+        for _ in range(2):
+            x = torch.randn(2, 3, 32, 32).to("sim:0")
+            y = torch.randint(0, 10, (2,)).to("sim:0")
+            with tp.pipeline(p):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+            losses.append(loss.item())
+        return losses, [t.detach().cpu() for t in model.state_dict().values()]
+
+    ref_losses, ref_state = synchronous(train)
+    sim.set_latency(launch_us=50)
+    losses, state = train()
+    assert losses == ref_losses
+    assert all(torch.equal(a, b) for a, b in zip(ref_state, state))
+    assert sim.races() == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64])
+@pytest.mark.parametrize("pin", [True, False])
+def test_backward_through_a_non_blocking_copy_to_the_host(dtype: "torch.dtype", pin: bool) -> None:
+    """The queued copy writes the host tensor through an alias of its own, so the tensor autograd
+    made it the output of (ToCopyBackward0) keeps its history: gradients are the CPU's, not 0."""
+    sim.set_latency(launch_us=2000)
+    x = (torch.arange(6.0).reshape(2, 3) + 1).to(dtype).to("sim:0").requires_grad_()
+    y = x.to("cpu", non_blocking=True) if pin else \
+        torch.empty(2, 3, dtype=dtype).copy_(x, non_blocking=True)
+    v0, grad_fn = y._version, type(y.grad_fn).__name__
+    sim.synchronize()
+    assert (y._version, type(y.grad_fn).__name__) == (v0, grad_fn)  # untouched by the kernel
+    w = torch.arange(6.0).reshape(2, 3).to(dtype)
+    (y * w).real.sum().backward() if dtype.is_complex else (y * w).sum().backward()
+    assert torch.equal(x.grad.cpu(), torch.arange(6.0).reshape(2, 3).to(dtype))
+
+
 # ---- kernels that cannot be queued, kernel errors -------------------------------------------------
 def test_ops_whose_output_size_depends_on_the_data_wait_for_the_stream() -> None:
     x = torch.arange(8.0, device="sim:0")
@@ -686,6 +901,7 @@ def test_ops_whose_output_size_depends_on_the_data_wait_for_the_stream() -> None
 def test_a_kernel_error_is_reported_at_the_next_synchronizing_call() -> None:
     x = ones()
     idx = torch.tensor([0, N + 5], device="sim:0")
+    x.index_select(0, torch.tensor([0, 1], device="sim:0"))  # checks the plan (runs at once)
     y = x.index_select(0, idx)          # queued: the index is checked when the kernel runs
     with pytest.raises(RuntimeError, match=r"aten::index_select.*sim:0 stream 0.*out of range"):
         torch.accelerator.synchronize()
@@ -695,6 +911,24 @@ def test_a_kernel_error_is_reported_at_the_next_synchronizing_call() -> None:
         x.index_select(0, idx)
         z.cpu()                           # a blocking copy reports it too
     del y
+
+
+def test_an_error_a_host_check_raises_is_raised_by_the_call() -> None:
+    """Dtype and shape checks raise at the call that made them, as on CUDA, on the first call of
+    a plan and on later ones; nothing is left pending for the next synchronizing call."""
+    b = torch.ones(4, dtype=torch.bool, device="sim:0")
+    x, m = ones(), torch.ones(3, 5, device="sim:0")
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="Subtraction.*bool"):
+            b - b
+        with pytest.raises(RuntimeError, match="size"):
+            x + torch.ones(3, device="sim:0")
+        with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+            m @ m
+        with pytest.raises(RuntimeError, match="scalar type"):
+            torch.nn.functional.layer_norm(m, (5,), weight=torch.ones(5, dtype=torch.float64,
+                                                                       device="sim:0"))
+    torch.accelerator.synchronize()  # nothing pending
 
 
 def test_switching_modes_and_bad_latencies() -> None:
@@ -720,6 +954,7 @@ CHILD_SCRIPT = textwrap.dedent("""
     sim.enable(2, asynchronous=True)
     sim.set_latency(op="aten::mul.out", us=20000)
     x = torch.ones(8, device="sim:0")
+    x * 1                          # the first call of a plan runs at once: later ones queue
     s = torch.Stream(device="sim:0")
     with s:
         y = x * 2
