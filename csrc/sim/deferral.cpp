@@ -141,7 +141,11 @@ bool try_defer(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Op
         }
         results.emplace_back(std::move(tensors));
       } else if (list.front().kind == Result::kNone) {
-        results.emplace_back();
+        // An output not asked for (convolution_backward's output_mask) is an undefined Tensor;
+        // None only where the schema says `Tensor?` (autograd rejects None for a Tensor).
+        const bool optional =
+            op.schema().returns()[r].type()->kind() == c10::TypeKind::OptionalType;
+        results.emplace_back(optional ? c10::IValue() : c10::IValue(at::Tensor()));
       } else {
         results.emplace_back(make(list.front(), r, -1));
       }

@@ -593,6 +593,22 @@ def test_queued_results_have_the_layout_and_values_of_the_synchronous_run() -> N
         assert torch.equal(x.cpu(), r.cpu()), i
 
 
+def test_queued_ops_return_the_outputs_not_asked_for_as_undefined_tensors() -> None:
+    """convolution_backward and native_layer_norm_backward skip the gradients their output_mask
+    does not ask for: queued, those are undefined Tensors (as on the CPU), not None, which
+    autograd rejects ("Expected Tensor but got None"), e.g. the input gradient of a first conv."""
+    def grads() -> List["torch.Tensor"]:
+        torch.manual_seed(0)
+        conv = torch.nn.Conv2d(3, 8, 3).to("sim:0")
+        norm = torch.nn.LayerNorm(8, elementwise_affine=False)
+        x = torch.randn(2, 3, 6, 6).to("sim:0")      # needs no gradient
+        norm(conv(x).permute(0, 2, 3, 1)).square().sum().backward()
+        return [conv.weight.grad, conv.bias.grad]
+
+    for got, want in zip(grads(), synchronous(grads)):
+        assert torch.equal(got.cpu(), want.cpu())
+
+
 # ---- kernels that cannot be queued, kernel errors -------------------------------------------------
 def test_ops_whose_output_size_depends_on_the_data_wait_for_the_stream() -> None:
     x = torch.arange(8.0, device="sim:0")
