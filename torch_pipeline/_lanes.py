@@ -219,13 +219,32 @@ class prefetch(Generic[T]):
 
 
 # ---- offload ------------------------------------------------------------------------------------
+# Bytes of alignment an offloaded tensor gets back (a fresh allocation is aligned at least this
+# much on CUDA and sim): kernels pick vectorized paths, and so accumulation orders, by alignment.
+_ALIGN = 256
+
+
+def _span(t: torch.Tensor) -> int:
+    """Elements of storage from ``t``'s first element to its last (0 when it has none): its
+    ``numel()`` for a dense layout, fewer for an expanded one, more for a view with gaps."""
+    if t.numel() == 0:
+        return 0
+    return 1 + sum((n - 1) * s for n, s in zip(t.size(), t.stride()))
+
+
 class _Offloaded:
-    __slots__ = ("device", "host", "original", "on_device", "index", "used", "__weakref__")
+    __slots__ = ("device", "host", "original", "on_device", "index", "used", "size", "stride",
+                 "pad", "__weakref__")
 
     def __init__(self, device: torch.device, host: Optional[torch.Tensor],
-                 original: "_C._SavedOriginal", index: int) -> None:
+                 original: "_C._SavedOriginal", index: int, t: torch.Tensor) -> None:
         self.device = device
         self.host = host  # None: a parameter (or a view of one), never copied
+        # The saved tensor's layout over ``host`` (its storage span, Note [offload layout]), and
+        # the elements before it in the copy back that restore its alignment.
+        self.size = t.size()
+        self.stride = t.stride()
+        self.pad = (t.data_ptr() % _ALIGN) // t.element_size()
         self.original = original  # the device tensor while its memory is alive and unchanged
         self.on_device: Optional[torch.Tensor] = None
         self.index = index
@@ -292,11 +311,13 @@ class offload:
         if (t.device.type in ("cpu", "meta") or t.layout != torch.strided
                 or t.numel() * t.element_size() < self.min_bytes):
             return t
+        if t.is_conj() or t.is_neg():
+            return t  # a lazy conjugate/negative view: a copy would resolve it, another layout
         original = _C._SavedOriginal(t)
         if isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter):
             # Alive for the whole step anyway: copying it out would free nothing.
             with self._lock:
-                return self._add(_Offloaded(t.device, None, original, self._count))
+                return self._add(_Offloaded(t.device, None, original, self._count, t))
         # Autograd packs inside the op that saves the tensor, where the tracker does not look
         # (it observes the outermost op only): the op's streams are ordered here by hand. The op
         # was launched on the current stream after its inputs' producers, so the copy lane waits
@@ -305,15 +326,20 @@ class offload:
         lane_stream = self._lane().stream(t.device)
         assert lane_stream is not None
         lane_stream.wait_stream(torch.accelerator.current_stream(t.device))
+        # Note [offload layout]: backward must get the saved tensor's exact layout back (a conv
+        # on channels-last activations, a matmul on a permuted one take other kernels, with other
+        # rounding, on a contiguous copy), so the storage span the tensor covers is copied as it
+        # is and re-viewed with the tensor's sizes and strides.
+        span = _span(t)
         with lane_stream:
-            host = torch.empty(t.size(), dtype=t.dtype, pin_memory=True)
-            host.copy_(t, non_blocking=True)
+            host = torch.empty(span, dtype=t.dtype, pin_memory=True)
+            host.copy_(t.detach().as_strided((span,), (1,)), non_blocking=True)
         t.record_stream(lane_stream)
         if self.max_in_flight is not None:
-            self._bound(self._lane(), t.numel() * t.element_size())
+            self._bound(self._lane(), span * t.element_size())
         with self._lock:
             self.offloaded += 1
-            saved = self._add(_Offloaded(t.device, host, original, self._count))
+            saved = self._add(_Offloaded(t.device, host, original, self._count, t))
             self._copied.append(saved)
             return saved
 
@@ -343,10 +369,11 @@ class offload:
         if saved.on_device is None and saved.host is not None:
             # Allocated on the stream that will use it (backward's), where the memory of the
             # tensors offloaded in forward goes back; written by the copy lane.
-            on_device = torch.empty(saved.host.size(), dtype=saved.host.dtype, device=saved.device)
+            span = saved.host.numel()
+            flat = torch.empty(saved.pad + span, dtype=saved.host.dtype, device=saved.device)
             with _C.pipeline(lane):
-                on_device.copy_(saved.host, non_blocking=True)
-            saved.on_device = on_device
+                flat.narrow(0, saved.pad, span).copy_(saved.host, non_blocking=True)
+            saved.on_device = flat.as_strided(saved.size, saved.stride, saved.pad)
 
     def _unpack(self, saved: Any) -> torch.Tensor:
         if not isinstance(saved, _Offloaded):

@@ -2,6 +2,7 @@
 // around a capture's begin and end, the captured graph it attaches to the graph object, and
 // replays. Binds tracking.h only.
 #include "bindings.h"
+#include "gil.h"
 
 #include "../runtime/tracking.h"
 
@@ -25,24 +26,24 @@ void bind_capture(py::module_& m) {
       "What a captured graph keeps for its lifetime, and how its replays are ordered.")
       .def_property_readonly("kept", &CapturedGraph::kept,
                              "Storages kept alive for the graph's lifetime.")
-      .def("reset", &CapturedGraph::reset, py::call_guard<py::gil_scoped_release>())
+      .def("reset", &CapturedGraph::reset, py::call_guard<ReleasedGil>())
       .def("replay", [](const CapturedGraph& g) { return std::make_unique<GraphReplay>(g); },
-           py::call_guard<py::gil_scoped_release>(),
+           py::call_guard<ReleasedGil>(),
            "Opens a replay on the current streams (close() it after the replay).");
   py::class_<GraphReplay>(m, "_GraphReplay")
-      .def("close", &GraphReplay::close, py::call_guard<py::gil_scoped_release>());
+      .def("close", &GraphReplay::close, py::call_guard<ReleasedGil>());
   m.def("_capture_prepare", &tracking::capture_prepare, py::arg("stream"),
-        py::call_guard<py::gil_scoped_release>());
+        py::call_guard<ReleasedGil>());
   m.def("_capture_begun", &tracking::capture_begun, py::arg("stream"),
-        py::call_guard<py::gil_scoped_release>());
+        py::call_guard<ReleasedGil>());
   m.def("_capture_abandoned", &tracking::capture_abandoned,
-        py::call_guard<py::gil_scoped_release>());
+        py::call_guard<ReleasedGil>());
   m.def("_capture_join_back",
         [](const CaptureHandle* capture) { return tracking::capture_join_back(capture); },
-        py::arg("capture").none(true), py::call_guard<py::gil_scoped_release>());
+        py::arg("capture").none(true), py::call_guard<ReleasedGil>());
   m.def("_capture_ended",
         [](const CaptureHandle* capture) { return tracking::capture_ended(capture); },
-        py::arg("capture").none(true), py::call_guard<py::gil_scoped_release>());
+        py::arg("capture").none(true), py::call_guard<ReleasedGil>());
   m.def("_set_capture_aware", &tracking::set_capture_aware, py::arg("aware"),
         "Test switch: False makes the tracker ignore graph captures (polls do not pause, "
         "captured ops are tracked as if they ran), so tests show what goes wrong. Not for "

@@ -27,9 +27,27 @@ void worker_release_gil();
 bool python_exiting();
 void set_python_exiting();
 
-// Installs (once, at import) a terminate handler that parks abandoned worker threads that Python
-// ends during finalization instead of aborting the process (see gil.cpp).
+// Installs (once, at import) a terminate handler that parks threads that Python ends during
+// finalization inside a noexcept frame instead of aborting the process (see gil.cpp), and the
+// fork handler of the GIL state.
 void install_terminate_handler();
+
+// Takes the GIL back after PyEval_SaveThread() gave `state`; once the interpreter is exiting, a
+// thread other than the main one never returns (it parks: Note [threads at exit] in gil.cpp).
+void take_gil_back(PyThreadState* state);
+
+// RAII, on a thread that holds the GIL: pybind11::gil_scoped_release (which our bindings use
+// this instead of, also as py::call_guard) that takes the GIL back with take_gil_back.
+class ReleasedGil {
+ public:
+  ReleasedGil();
+  ~ReleasedGil();
+  ReleasedGil(const ReleasedGil&) = delete;
+  ReleasedGil& operator=(const ReleasedGil&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
 
 // The one blocking wait of torch_pipeline (installed as the runtime's block hook, see
 // csrc/runtime/waits.h, and as the tracker's blocking wait): runs `step(kWaitStep)` until it

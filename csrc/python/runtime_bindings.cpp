@@ -139,20 +139,20 @@ device); both need enable_timing=True.
   // ---- automatic synchronization (tracking) ----
   py::class_<tracking::TrackScope>(m, "_TrackScope")
       .def(py::init<const std::vector<at::Tensor>&, const std::vector<at::Tensor>&>(),
-           py::arg("reads"), py::arg("writes"), py::call_guard<py::gil_scoped_release>());
+           py::arg("reads"), py::arg("writes"), py::call_guard<ReleasedGil>());
   py::class_<tracking::StorageResize>(m, "_StorageResize")
       .def(py::init([](py::handle storage) {
              TORCH_CHECK_TYPE(THPStorage_Check(storage.ptr()), "_StorageResize expects a storage");
              c10::Storage s = THPStorage_Unpack(reinterpret_cast<THPStorage*>(storage.ptr()));
-             py::gil_scoped_release nogil;  // (it may wait for a task pinning the storage)
+             ReleasedGil nogil;  // (it may wait for a task pinning the storage)
              return std::make_unique<tracking::StorageResize>(s);
            }), py::arg("storage"))
-      .def("done", &tracking::StorageResize::done, py::call_guard<py::gil_scoped_release>());
+      .def("done", &tracking::StorageResize::done, py::call_guard<ReleasedGil>());
   py::class_<tracking::CompiledRegion>(m, "_CompiledRegion")
       .def(py::init<const std::vector<at::Tensor>&>(), py::arg("args"),
-           py::call_guard<py::gil_scoped_release>())
+           py::call_guard<ReleasedGil>())
       .def("outputs", &tracking::CompiledRegion::outputs, py::arg("outs"))
-      .def("close", &tracking::CompiledRegion::close, py::call_guard<py::gil_scoped_release>());
+      .def("close", &tracking::CompiledRegion::close, py::call_guard<ReleasedGil>());
   m.def("_set_regions_wrapped", &tracking::set_regions_wrapped, py::arg("wrapped"));
   m.def("_tracking_live", &tracking::live);
   py::class_<SavedOriginal>(m, "_SavedOriginal")
@@ -173,7 +173,7 @@ device); both need enable_timing=True.
         "invisible to the tracker as kernels launched outside the dispatcher (Triton's). Not for "
         "production code.");
   m.def("_set_tracking_enabled", &tracking::set_enabled, py::arg("enabled"),
-        py::call_guard<py::gil_scoped_release>(),
+        py::call_guard<ReleasedGil>(),
         "Test switch: False stops automatic synchronization (tests use it to show the races it "
         "removes). Not for production code.");
   m.def("_tracking_enabled", &tracking::enabled);
@@ -185,7 +185,7 @@ device); both need enable_timing=True.
     const py::object boxed = work.attr("boxed")();  // the Work as a torchbind object
     const c10::IValue v(py::cast<torch::jit::Object>(boxed)._ivalue());
     const void* target = torchbind_target(v);
-    py::gil_scoped_release no_gil;
+    ReleasedGil no_gil;
     tracking::work_waited(target);
   }, py::arg("work"));
   m.def("_set_allocator_safety", [](const std::string& mode) {

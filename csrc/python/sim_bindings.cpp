@@ -1,4 +1,5 @@
 #include "sim_bindings.h"
+#include "gil.h"
 
 #include "../runtime/op_facts.h"
 #include "../sim/capture.h"
@@ -166,7 +167,7 @@ streams and the memory.
   m.def("_sim_set_strict", &sim::set_strict, py::arg("strict"));
   m.def("_sim_strict", &sim::strict);
   m.def("_sim_synchronize", [](int device) {
-    py::gil_scoped_release no_gil;  // asynchronous mode: waits for the streams' threads
+    ReleasedGil no_gil;  // asynchronous mode: waits for the streams' threads
     sim::synchronize(device);
   }, py::arg("device"));
   m.def("_sim_history_size", &sim::history_size);
@@ -180,12 +181,12 @@ streams and the memory.
   m.def("_sim_op_facts", &op_facts_dict, py::arg("name"));
   m.def("_sim_op_facts_observed", &op_facts_observed, py::arg("fn"));
   m.def("_sim_set_asynchronous", [](bool on) {
-    py::gil_scoped_release no_gil;  // switching off waits for the queues
+    ReleasedGil no_gil;  // switching off waits for the queues
     sim::set_asynchronous(on);
   }, py::arg("on"));
   m.def("_sim_asynchronous", &sim::asynchronous);
   m.def("_sim_shutdown_executors", [] {
-    py::gil_scoped_release no_gil;
+    ReleasedGil no_gil;
     sim::shutdown_executors();
   });
   m.def("_sim_running_executors", &sim::running_executors);

@@ -244,6 +244,105 @@ def test_lanes_on_the_asynchronous_sim_device() -> None:
     assert sim.races() == []
 
 
+class _ConvNeXtBlock(nn.Module):
+    """timm's ConvNeXt block: depthwise 7x7 conv, then channels last (a permuted view) through
+    LayerNorm, an MLP and a layer scale, permuted back, plus the residual."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dwconv = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim)
+        self.fc1, self.act, self.fc2 = nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.dwconv(x).permute(0, 2, 3, 1)
+        h = self.gamma * self.fc2(self.act(self.fc1(self.norm(h))))
+        return x + h.permute(0, 3, 1, 2)
+
+
+class _Layouts(nn.Module):
+    """Saved tensors of every layout: channels-last conv activations, permuted ones, ConvNeXt
+    blocks, a view with gaps (a GLU's halves), a view at an odd offset, an expanded one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.blocks = nn.Sequential(_ConvNeXtBlock(16), _ConvNeXtBlock(16))
+        self.conv = nn.Conv2d(16, 32, 3, padding=1)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(torch.nn.functional.gelu(self.blocks(self.stem(x))))
+        a, b = h.permute(0, 2, 3, 1).chunk(2, dim=-1)       # views with gaps
+        g = (a * torch.sigmoid(b)).flatten(1, 2)            # (N, HW, 16)
+        s = g.narrow(1, 1, g.size(1) - 1) * torch.sigmoid(g.narrow(1, 0, g.size(1) - 1))
+        w = torch.tanh(s.mean(1, keepdim=True))             # (N, 1, 16)
+        e = s * w.expand_as(s)                              # saves an expanded tensor
+        return self.head(torch.sin(e.narrow(1, 1, e.size(1) - 2)))
+
+
+class _Layout(torch.autograd.Function):
+    """Identity that saves its input; records the layout it saved and the one backward got."""
+    saved: List[Tuple[Any, ...]] = []
+    seen: List[Tuple[Any, ...]] = []
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        _Layout.saved.append((x.size(), x.stride(), x.data_ptr() % 256))
+        return x * 1
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        _Layout.seen.append((x.size(), x.stride(), x.data_ptr() % 256))
+        return grad
+
+
+def _layout_makers() -> List[Any]:
+    def base() -> torch.Tensor:
+        return torch.randn(8, 33, 64, device="sim:0", requires_grad=True) * 1
+
+    return [lambda: (torch.randn(4, 16, 32, 32, device="sim:0", requires_grad=True) * 1)
+            .contiguous(memory_format=torch.channels_last),
+            lambda: base().permute(2, 0, 1),                    # dense, permuted
+            lambda: base()[:, 1:, :],                           # a view with gaps, at an offset
+            lambda: base()[:, :, ::2],                          # gaps in the innermost dim
+            lambda: base()[1, 3].expand(64, 64),                # stride 0
+            lambda: base().flatten()[1:]]                       # dense view, 4 bytes in
+
+
+def test_offload_keeps_the_layout_of_saved_tensors() -> None:
+    """Backward gets each offloaded tensor back with the sizes, strides and alignment it was
+    saved with (channels last, permuted, views with gaps or at an offset, expanded), so the
+    kernels it takes, and their rounding, are those of training without offload: the gradients
+    of channels-last convolutions, permuted activations and ConvNeXt blocks are bit-equal, in
+    the synchronous and the asynchronous sim modes."""
+    _Layout.saved.clear(); _Layout.seen.clear()
+    with tp.offload(min_bytes=0) as off:
+        ys = [_Layout.apply(make()) for make in _layout_makers()]  # (only the graph keeps them)
+    for y in ys:
+        y.sum().backward()
+    assert off.restored >= len(ys) and off.reused == 0
+    assert _Layout.seen == _Layout.saved
+
+    torch.manual_seed(3)
+    model = _Layouts().to("sim:0").to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 16, 16).to("sim:0").to(memory_format=torch.channels_last)
+    for asynchronous in (False, True):
+        sim.set_asynchronous(asynchronous)  # (its kernels run on other threads: other rounding)
+        try:
+            want = _train_step(model, x, None, None)
+            off = tp.offload(min_bytes=0)
+            got = _train_step(model, x, tp.Pipeline(), off)
+        finally:
+            sim.set_asynchronous(False)
+        assert off.restored > 20
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), asynchronous
+    assert sim.races() == []
+
+
 def test_offload_frees_the_device_memory_of_activations() -> None:
     """A deep, activation-heavy step keeps a fraction of its activations on the device under
     offload (the ones copied back ahead of need); inputs the caller holds and parameters are

@@ -248,6 +248,94 @@ def test_submit_after_shutdown_raises_shutting_down() -> None:
     assert _lines(proc.stdout) == ["BEFORE 42", "REFUSED True", "REFUSED True"]
 
 
+_DAEMONS_AT_EXIT = """
+import gc, os, random, sys, threading, time
+import torch
+import torch_pipeline as tp
+
+RUNS, SIM = int(sys.argv[1]), sys.argv[2] == "sim"
+if SIM:
+    import torch_pipeline.sim as sim
+    sim.enable(num_devices=1)
+
+
+def daemon(seed: int) -> None:
+    # Only torch_pipeline calls (with sim, small ops under its pipeline) until the process ends.
+    r = random.Random(seed)
+    p = tp.Pipeline()
+    x = torch.ones(64, device="sim:0") if SIM else None
+    while True:
+        what = r.randrange(5)
+        if what == 0:
+            try:
+                p.submit(time.sleep, r.random() * 0.002).wait()
+            except RuntimeError:  # refused once the exit handler runs: carry on regardless
+                pass
+        elif what == 1:
+            p.synchronize()
+        elif what == 2:
+            p.record_event()
+        elif what == 3:
+            p = tp.Pipeline()
+        else:
+            tp.synchronize()
+        if SIM:
+            with tp.pipeline(p):
+                x = x * 1.001 + 1
+
+
+def finish(run: int) -> None:
+    time.sleep(0.02)
+    os.write(1, f"TASK-DONE {run}\\n".encode())
+
+
+def child(run: int) -> None:
+    random.seed(run)
+    if SIM:
+        sim.set_asynchronous(run % 4 == 3)  # (its exit drains the queued ops: slower)
+    for k in range(4):
+        threading.Thread(target=daemon, args=(run * 10 + k,), daemon=True).start()
+    time.sleep(random.random() * 0.05)
+    tp.Pipeline().submit(finish, run)  # queued at exit: it still runs
+    sys.exit(10 + run)
+
+
+# Each run is a forked child that goes through interpreter exit: cheaper than a fresh interpreter,
+# and cheaper still with the imports frozen out of the collector; four run at a time.
+gc.freeze()
+running = {}
+for run in range(RUNS):
+    pid = os.fork()
+    if pid == 0:
+        child(run)
+    running[pid] = run
+    if len(running) == 4 or run == RUNS - 1:
+        while running:
+            pid, status = os.wait()
+            print("RUN", running.pop(pid), os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+
+@pytest.mark.parametrize("ops", ["none", "sim"])
+def test_exit_with_daemon_threads_in_torch_pipeline_calls(ops: str) -> None:
+    """Daemon threads blocked in or entering torch_pipeline calls (submit and wait, synchronize,
+    record_event, new pipelines; with and without sim ops, sim synchronous and asynchronous)
+    while the main thread returns, at random moments: each of 20 runs exits with the main
+    thread's status, after its queued task ran, never with SIGABRT ("terminate called without an
+    active exception": Python ended a daemon thread taking the GIL back inside a noexcept
+    destructor, Note [threads at exit] in csrc/python/gil.cpp)."""
+    runs = 20
+    proc = subprocess.run([sys.executable, "-c", _DAEMONS_AT_EXIT, str(runs), ops],
+                          capture_output=True, text=True, timeout=120, env=_child_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = _lines(proc.stdout)
+    codes = {int(l.split()[1]): int(l.split()[2]) for l in lines if l.startswith("RUN")}
+    assert codes == {run: 10 + run for run in range(runs)}, (codes, proc.stderr[-3000:])
+    assert sorted(l for l in lines if l.startswith("TASK-DONE")) == sorted(
+        f"TASK-DONE {run}" for run in range(runs))
+    assert "terminate called" not in proc.stderr, proc.stderr[-3000:]
+
+
 # ---- fork ------------------------------------------------------------------------------------
 def test_fork_child_gets_fresh_runtime_and_rejects_parent_objects() -> None:
     """After fork: new Pipelines work in the child; the parent's Pipeline and unfinished futures
