@@ -242,6 +242,12 @@ else:
     if env["torch_cuda"] and not cpp_extension.CUDA_HOME:
         env["missing"].append("CUDA toolkit (CUDA_HOME): the build leaves out the CUDA sources")
 env["nvcc"] = shutil.which("nvcc")
+if env["nvcc"]:
+    try:
+        out = subprocess.run([env["nvcc"], "--version"], capture_output=True, text=True, timeout=20)
+        env["nvcc_release"] = [l for l in out.stdout.splitlines() if "release" in l][-1].strip()
+    except Exception:  # noqa: BLE001
+        env["nvcc_release"] = None
 env["ninja"] = shutil.which("ninja")
 if not env["ninja"]:
     env["missing"].append("ninja (the build compiles one file at a time)")
@@ -262,7 +268,7 @@ PY
 }
 export -f env_check
 export LOGS MODE BUDGET_S PYTHON
-run_step env 90 0 bash -c env_check
+run_step env 60 0 bash -c env_check
 # The steps that need a device run only with one (and not in a dry run).
 NO_DEVICE=""
 if [ "$DRY_RUN" = 1 ]; then
@@ -277,8 +283,13 @@ has() {  # has MODULE: the environment check found it
 
 # ---- build --------------------------------------------------------------------------------------
 build() {
-  echo "## pip install -v --no-build-isolation --no-deps -e .   (MAX_JOBS=$MAX_JOBS)"
-  "$PYTHON" -m pip install -v --no-build-isolation --no-deps -e . || return $?
+  if "$PYTHON" -m pip --version >/dev/null 2>&1; then
+    echo "## pip install -v --no-build-isolation --no-deps -e .   (MAX_JOBS=$MAX_JOBS)"
+    "$PYTHON" -m pip install -v --no-build-isolation --no-deps -e . || return $?
+  else  # no pip: build in place (PYTHONPATH has the repository)
+    echo "## no pip: setup.py build_ext --inplace   (MAX_JOBS=$MAX_JOBS)"
+    "$PYTHON" setup.py build_ext --inplace || return $?
+  fi
   "$PYTHON" - <<'PY'
 import torch, torch_pipeline as tp
 print("torch_pipeline", tp.__version__, "from", tp.__file__, "against torch", torch.__version__)
@@ -333,24 +344,24 @@ else
   device_step bench_context 30 bench/bench_context.py --quick $BENCH_FLAGS
 fi
 # shellcheck disable=SC2086
-device_step bench_submit 40 bench/bench_submit.py --quick $BENCH_FLAGS
+device_step bench_submit 30 bench/bench_submit.py --quick $BENCH_FLAGS
 # shellcheck disable=SC2086
-device_step bench_tracking 60 bench/bench_tracking.py --quick $BENCH_FLAGS
+device_step bench_tracking 45 bench/bench_tracking.py --quick --only cpu,cuda $BENCH_FLAGS
 device_step bench_allocator 45 bench/bench_allocator.py --device cuda --depths 64 --steps 10
 # shellcheck disable=SC2086
-device_step bench_lanes 45 bench/bench_lanes.py --device cuda --quick $BENCH_FLAGS
+device_step bench_lanes 40 bench/bench_lanes.py --device cuda --quick $BENCH_FLAGS
 if [ -z "$NO_DEVICE" ] && [ "$BUILD_OK" = 1 ] && ! has triton && selected bench_compile; then
   STEP_NOTE="triton missing: the [compile] rows report SKIP"
 fi
 # shellcheck disable=SC2086
-device_step bench_compile 90 bench/bench_compile.py --device cuda --quick $BENCH_FLAGS
-device_step async_logging 45 examples/async_logging.py --device cuda --steps 300
-device_step multi_branch 45 examples/multi_branch.py --device cuda --rounds 3
+device_step bench_compile 75 bench/bench_compile.py --device cuda --quick $BENCH_FLAGS
+device_step async_logging 30 examples/async_logging.py --device cuda --steps 300
+device_step multi_branch 30 examples/multi_branch.py --device cuda --rounds 3
 if [ -z "$NO_DEVICE" ] && ! grep -q '"nccl": "' "$LOGS/env.json" 2>/dev/null; then
-  skip_step overlap_allreduce 60 1 "skipped: no NCCL" "torch.distributed has no NCCL here"
+  skip_step overlap_allreduce 45 1 "skipped: no NCCL" "torch.distributed has no NCCL here"
 else
   # NCCL needs a GPU per rank: as many ranks as GPUs (at least one).
   NPROC=$("$PYTHON" -c 'import torch; print(max(1, torch.cuda.device_count()))' 2>/dev/null || echo 1)
-  device_step overlap_allreduce 60 examples/overlap_allreduce.py --device cuda --nproc "$NPROC"
+  device_step overlap_allreduce 45 examples/overlap_allreduce.py --device cuda --nproc "$NPROC"
 fi
 # finish (the EXIT trap) writes the summary and the archive.

@@ -124,7 +124,11 @@ def main(argv: List[str]) -> int:
         if name in by_name:
             b["status"] = by_name[name].get("status")
 
-    failed = [s["name"] for s in steps if not str(s.get("status", "")).startswith(("ok", "skipped"))]
+    # Skipped for want of a GPU, NCCL or pytest is reported, not failed; for want of time or of
+    # a build it is failed (the step should have run).
+    failed = [s["name"] for s in steps if not str(s.get("status", "")).startswith("ok") and (
+        not str(s.get("status", "")).startswith("skipped")
+        or str(s.get("status")).startswith(("skipped: budget", "skipped: build failed")))]
     missed = [f"{n}: {t.get('label')}" for n, b in benchmarks.items() for t in b["targets"]
               if t.get("passed") is False]
     device_skipped = [s["name"] for s in steps if str(s.get("status", "")).startswith("skipped: no GPU")]
@@ -142,6 +146,9 @@ def main(argv: List[str]) -> int:
         "mode": mode,
         "result": result,
         "failed_steps": failed,
+        # What a second call should run (the build again: a fresh machine has none).
+        "rerun": "GPU_CHECK_STEPS=" + ",".join(
+            ["build"] + [n for n in failed if n not in ("env", "build")]) if failed else None,
         "missing_steps": [n for n in STEPS if n not in by_name],
         "unexpected_steps": [n for n in by_name if n not in STEPS],
         "missed_targets": missed,
@@ -173,10 +180,13 @@ def text(s: Dict[str, Any]) -> str:
     lines = [
         f"torch_pipeline gpu_check ({s['mode']}) {s['started_utc']}: {s['result']} "
         f"in {s['total_s']} s (budget {s['budget_s']} s)",
-        f"python {s['python']}, torch {s['torch']}, CUDA {s['cuda']}, "
-        f"GPU {gpu.get('name', 'none')} ({gpu.get('count', 0)} devices)",
+        f"python {s['python']}, torch {s['torch']}, CUDA {s['cuda']} (nvcc: "
+        f"{env.get('nvcc_release') or 'none'}; driver {env.get('driver') or 'none'}), "
+        f"GPU {gpu.get('name', 'none')} ({gpu.get('count', 0)} devices, NCCL {env.get('nccl')})",
         f"missing: {', '.join(env.get('missing', [])) or 'nothing'}",
         f"build: {s['build']['line']}; exclusive CUDA streams: {s['build']['exclusive_streams']}",
+        f"rerun what failed or did not fit: {s['rerun']} bash scripts/gpu_check.sh" if s["rerun"]
+        else "nothing to rerun",
         "",
         "steps:",
     ]
