@@ -267,7 +267,7 @@ with open(os.environ["GPU_CHECK_ENV_JSON"], "w") as f:
 PY
 }
 export -f env_check
-export LOGS MODE BUDGET_S PYTHON
+export REPO LOGS MODE BUDGET_S PYTHON
 run_step env 60 0 bash -c env_check
 # The steps that need a device run only with one (and not in a dry run).
 NO_DEVICE=""
