@@ -33,7 +33,8 @@ NOT_IN_A_312_VENV = {"pkg_resources", "setuptools"}
 REMOVED_ATTRIBUTES = {
     # unittest.TestCase aliases removed in 3.12
     "assertEquals", "assertNotEquals", "assertAlmostEquals", "assertNotAlmostEquals",
-    "assertRegexpMatches", "assertNotRegexpMatches", "assertRaisesRegexp", "assertDictContainsSubset",
+    "assertRegexpMatches", "assertNotRegexpMatches", "assertRaisesRegexp",
+    "assertDictContainsSubset",
     "failUnless", "failIf", "failUnlessEqual", "failIfEqual", "failUnlessRaises",
     "failUnlessAlmostEqual", "failIfAlmostEqual", "assert_",
     # configparser, ssl, locale, pkgutil
@@ -82,7 +83,8 @@ def problems_in(path: Path, source: str) -> List[str]:
         if isinstance(node, ast.Attribute):
             if node.attr in REMOVED_ATTRIBUTES:
                 out.append(f"{path}:{node.lineno}: uses .{node.attr} (removed in Python 3.12)")
-            elif isinstance(node.value, ast.Name) and (node.value.id, node.attr) in REMOVED_QUALIFIED:
+            elif (isinstance(node.value, ast.Name)
+                  and (node.value.id, node.attr) in REMOVED_QUALIFIED):
                 out.append(f"{path}:{node.lineno}: uses {node.value.id}.{node.attr} "
                            "(removed in Python 3.12)")
         if isinstance(node, ast.FunctionDef) and node.name in ("find_module", "find_loader",

@@ -131,7 +131,8 @@ def main(argv: List[str]) -> int:
         or str(s.get("status")).startswith(("skipped: budget", "skipped: build failed")))]
     missed = [f"{n}: {t.get('label')}" for n, b in benchmarks.items() for t in b["targets"]
               if t.get("passed") is False]
-    device_skipped = [s["name"] for s in steps if str(s.get("status", "")).startswith("skipped: no GPU")]
+    device_skipped = [s["name"] for s in steps
+                      if str(s.get("status", "")).startswith("skipped: no GPU")]
     if failed:
         result = "SOME STEPS FAILED"
     elif mode == "dry-run":
@@ -196,7 +197,8 @@ def text(s: Dict[str, Any]) -> str:
                      f"/ {st.get('limit_s', 0):>4} s{note}")
     p = s["pytest"]
     if p:
-        lines += ["", f"pytest -m gpu: {p.get('passed', '?')} passed, {p.get('failures', '?')} failed, "
+        lines += ["", f"pytest -m gpu: {p.get('passed', '?')} passed, "
+                      f"{p.get('failures', '?')} failed, "
                       f"{p.get('errors', '?')} errors, {p.get('skipped', '?')} skipped"]
         lines += [f"  FAILED {t}" for t in p.get("failed", [])]
     for name, b in s["benchmarks"].items():

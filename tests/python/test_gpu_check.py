@@ -50,7 +50,8 @@ def _write_run(logs: Path, statuses: dict) -> None:
 def test_the_summary_carries_steps_versions_benchmarks_and_tests(tmp_path: Path) -> None:
     logs, out = tmp_path / "logs", tmp_path / "out"
     out.mkdir()
-    _write_run(logs, {"bench_context": "FAILED (rc=1)", "overlap_allreduce": "skipped: budget used up"})
+    _write_run(logs, {"bench_context": "FAILED (rc=1)",
+                      "overlap_allreduce": "skipped: budget used up"})
     assert gpu_summary.main([str(logs), str(out), "gpu", "0", "450"]) == 0
     s = json.loads((out / "summary.json").read_text())
     assert [st["name"] for st in s["steps"]] == list(gpu_summary.STEPS)
