@@ -287,8 +287,10 @@ has() {  # has MODULE: the environment check found it
 # ---- build --------------------------------------------------------------------------------------
 build() {
   if "$PYTHON" -m pip --version >/dev/null 2>&1; then
-    echo "## pip install -v --no-build-isolation --no-deps -e .   (MAX_JOBS=$MAX_JOBS)"
-    "$PYTHON" -m pip install -v --no-build-isolation --no-deps -e . || return $?
+    # --no-index, no version check: pip reaches for no network (there is none to reach).
+    echo "## pip install -v --no-build-isolation --no-deps --no-index -e .   (MAX_JOBS=$MAX_JOBS)"
+    "$PYTHON" -m pip install -v --no-build-isolation --no-deps --no-index \
+      --disable-pip-version-check -e . || return $?
   else  # no pip: build in place (PYTHONPATH has the repository)
     echo "## no pip: setup.py build_ext --inplace   (MAX_JOBS=$MAX_JOBS)"
     "$PYTHON" setup.py build_ext --inplace || return $?
