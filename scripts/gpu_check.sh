@@ -356,7 +356,7 @@ fi
 # shellcheck disable=SC2086
 device_step bench_submit 30 bench/bench_submit.py --quick $BENCH_FLAGS
 # shellcheck disable=SC2086
-device_step bench_tracking 45 bench/bench_tracking.py --quick --only cpu,cuda $BENCH_FLAGS
+device_step bench_tracking 45 bench/bench_tracking.py --quick --only cuda $BENCH_FLAGS
 device_step bench_allocator 45 bench/bench_allocator.py --device cuda --depths 64 --steps 10
 # shellcheck disable=SC2086
 device_step bench_lanes 40 bench/bench_lanes.py --device cuda --quick $BENCH_FLAGS
