@@ -95,7 +95,9 @@ finish() {
   cat "$OUT_DIR/summary.txt"
   exit "$FAILED"
 }
-trap 'FAILED=1; record interrupted "FAILED (interrupted by a signal)" 1 0 0 "" "" 0; finish' INT TERM
+CURRENT_STEP=""
+trap 'FAILED=1; record interrupted "FAILED (interrupted by a signal)" 1 0 0 "" \
+  "during ${CURRENT_STEP:-no step}" 0; finish' INT TERM
 trap finish EXIT
 
 # record NAME STATUS RC SECONDS LIMIT LOG NOTE DEVICE: one line of steps.jsonl.
@@ -132,6 +134,7 @@ run_step() {
   fi
   [ "$limit" -gt "$left" ] && limit=$left
   t0=$(date +%s)
+  CURRENT_STEP=$name
   { echo "\$ $*"; echo "# started $(date -u +%FT%TZ), timeout ${limit}s"; } >"$log"
   timeout -k 10 "$limit" "$@" >>"$log" 2>&1
   rc=$?
@@ -146,6 +149,7 @@ run_step() {
   STEP_RC=$rc
   record "$name" "$status" "$rc" "$secs" "$limit" "$name.log" "${STEP_NOTE:-}" "$device"
   STEP_NOTE=""
+  CURRENT_STEP="after $name"
   [ "$rc" -ne 0 ] && tail -n 15 "$log"
   return 0
 }
@@ -323,6 +327,7 @@ elif ! has pytest; then
 elif [ -n "$NO_DEVICE" ]; then
   # Without a GPU: the GPU tests must still be collected (they would skip).
   t0=$(date +%s)
+  CURRENT_STEP=pytest-gpu
   timeout -k 5 120 "$PYTHON" -m pytest -m gpu tests/python --collect-only -q -p no:cacheprovider \
     >"$LOGS/pytest-gpu.log" 2>&1
   rc=$?

@@ -94,6 +94,15 @@ def example_results(log: str) -> Dict[str, Any]:
     return {"ratios": ratios, "targets": targets, "checks": checks}
 
 
+def _rerun(failed: List[str], not_reached: List[str]) -> Optional[str]:
+    """GPU_CHECK_STEPS for a second call: the build (a fresh machine has none), then what failed
+    or was not reached (the script was stopped)."""
+    again = [n for n in failed + not_reached if n in STEPS and n not in ("env", "build")]
+    if not again and not failed:
+        return None
+    return "GPU_CHECK_STEPS=" + ",".join(["build"] + again)
+
+
 def main(argv: List[str]) -> int:
     logs, out, mode, start, budget = argv[0], argv[1], argv[2], int(argv[3]), int(argv[4])
     steps = _read_jsonl(os.path.join(logs, "steps.jsonl"))
@@ -148,8 +157,7 @@ def main(argv: List[str]) -> int:
         "result": result,
         "failed_steps": failed,
         # What a second call should run (the build again: a fresh machine has none).
-        "rerun": "GPU_CHECK_STEPS=" + ",".join(
-            ["build"] + [n for n in failed if n not in ("env", "build")]) if failed else None,
+        "rerun": _rerun(failed, [n for n in STEPS if n not in by_name]),
         "missing_steps": [n for n in STEPS if n not in by_name],
         "unexpected_steps": [n for n in by_name if n not in STEPS],
         "missed_targets": missed,

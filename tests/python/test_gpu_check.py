@@ -79,6 +79,13 @@ def test_the_summary_carries_steps_versions_benchmarks_and_tests(tmp_path: Path)
     assert "NVIDIA H200" in text and "FAIL  enter+exit <= 4x" in text and "FAILED tests" in text
 
 
+def test_a_stopped_run_reruns_the_build_what_failed_and_what_it_did_not_reach() -> None:
+    assert gpu_summary._rerun([], []) is None
+    assert gpu_summary._rerun(["interrupted"], ["bench_lanes", "multi_branch"]) == (
+        "GPU_CHECK_STEPS=build,bench_lanes,multi_branch")
+    assert gpu_summary._rerun(["build"], []) == "GPU_CHECK_STEPS=build"
+
+
 def _dry_out(tmp_path: Path, statuses: dict) -> Path:
     logs, out = tmp_path / "logs", tmp_path / "out"
     out.mkdir()
