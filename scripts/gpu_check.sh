@@ -235,12 +235,14 @@ else:
         except Exception:  # noqa: BLE001
             env["driver"] = None
     env["gpu"] = gpu
+    env["nccl"] = None
     try:
         import torch.distributed as dist
-        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if (
-            cuda and dist.is_available() and dist.is_nccl_available()) else None
+        if cuda and dist.is_available() and dist.is_nccl_available():
+            v = torch.cuda.nccl.version()  # a tuple (an int on old versions)
+            env["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
     except Exception as e:  # noqa: BLE001
-        env["nccl"] = None
+        env["nccl_error"] = repr(e)
     if env["nccl"] is None and cuda:
         env["missing"].append("NCCL")
     from torch.utils import cpp_extension
