@@ -5,12 +5,18 @@ run interleaved, in rounds, in one process: each round runs every variant once (
 order, so that no variant always runs first or right after the same neighbour), and the median
 over the rounds is reported. Interleaving makes slow drift of the machine (frequency scaling,
 noisy neighbours) hit all variants alike, so the ratios are more stable than the absolute times.
+
+With ``TORCH_PIPELINE_BENCH_RECORDS=FILE`` in the environment every ratio and target printed is
+also appended to FILE as one JSON object a line (``record``); scripts/gpu_check.sh collects them.
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import json
+import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
@@ -82,6 +88,20 @@ def print_table(samples: Dict[str, List[float]], unit: str = "ns", scale: float 
         )
 
 
+def record(kind: str, **fields: object) -> None:
+    """Appends ``{"bench": <script>, "kind": kind, **fields}`` as a JSON line to the file named by
+    TORCH_PIPELINE_BENCH_RECORDS (nothing when unset), for scripts/gpu_check.sh's summary.
+
+    >>> record("ratio", numerator="live", denominator="idle", ratio=1.04)
+    """
+    path = os.environ.get("TORCH_PIPELINE_BENCH_RECORDS")
+    if not path:
+        return
+    bench = os.path.splitext(os.path.basename(sys.argv[0] or "?"))[0]
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"bench": bench, "kind": kind, **fields}) + "\n")
+
+
 def check_targets(samples: Dict[str, List[float]], targets: Sequence[Target]) -> bool:
     """Prints one PASS/FAIL line per target; returns whether all passed."""
     ok = True
@@ -93,12 +113,15 @@ def check_targets(samples: Dict[str, List[float]], targets: Sequence[Target]) ->
             f"{'PASS' if passed else 'FAIL'}  {t.label}: {t.numerator} / {t.denominator} = "
             f"{ratio:.2f}x (target <= {t.limit:g}x)"
         )
+        record("target", label=t.label, numerator=t.numerator, denominator=t.denominator,
+               ratio=round(ratio, 4), target=f"<= {t.limit:g}", passed=passed)
     return ok
 
 
 def print_ratio(samples: Dict[str, List[float]], numerator: str, denominator: str) -> None:
     ratio = median(samples[numerator]) / median(samples[denominator])
     print(f"ratio {numerator} / {denominator} = {ratio:.2f}x")
+    record("ratio", numerator=numerator, denominator=denominator, ratio=round(ratio, 4))
 
 
 def finish(all_passed: bool, check: bool) -> int:

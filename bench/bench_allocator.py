@@ -50,6 +50,9 @@ import torch
 
 import torch_pipeline as tp
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _harness import record  # noqa: E402
+
 
 def sleep_fn(device: str, ms: float, depth: int = 1) -> Callable[[], None]:
     """``depth`` kernels of ``ms`` / ``depth`` each, queued on the current stream."""
@@ -181,6 +184,8 @@ def main(argv: List[str]) -> int:
             ratio = rows[workload]["record_stream"][1] / rows[workload]["keep_alive"][1]
             print(f"  {workload}: record_stream reserves {ratio:.2f}x the memory of keep_alive "
                   f"(peak)")
+            record("ratio", numerator=f"{workload}: record_stream peak reserved",
+                   denominator="keep_alive peak reserved", ratio=round(ratio, 4), depth=depth)
     if kind == "sim":
         print("(sim: no device lag, so this compares only when memory is looked at again; the "
               "deep-queue case that matters needs a GPU)")

@@ -35,6 +35,7 @@ from _harness import (  # noqa: E402
     environment_line,
     finish,
     print_table,
+    record,
     time_rounds,
 )
 
@@ -145,6 +146,7 @@ def main(argv: List[str]) -> int:
           "(ms per step)")
     if args.device == "cuda" and importlib.util.find_spec("triton") is None:
         print("SKIP  no triton in this environment: Inductor cannot compile for CUDA")
+        record("skip", label="[compile] rows", reason="no triton: Inductor cannot compile for CUDA")
     else:
         rows = compile_rows(args.device, rounds, 5 if args.quick else 20)
         print_table(rows, unit="ms", scale=1e6)

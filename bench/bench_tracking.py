@@ -53,6 +53,7 @@ from _harness import (  # noqa: E402
     finish,
     median,
     print_table,
+    record,
     time_rounds,
 )
 
@@ -291,6 +292,9 @@ def main(argv: List[str]) -> int:
               f"tracked storages (8 long-lived), RSS growth {mem['rss_growth_mib']:.1f} MiB")
         passed = mem["rss_growth_mib"] < 10 and mem["storages"] < 2_000
         print(f"{'PASS' if passed else 'FAIL'}: memory growth < 10 MiB and entries bounded")
+        record("target", label="memory growth < 10 MiB and entries bounded",
+               rss_growth_mib=round(mem["rss_growth_mib"], 2), storages=mem["storages"],
+               target="< 10 MiB, < 2000 storages", passed=passed)
         ok &= passed
     import torch
 

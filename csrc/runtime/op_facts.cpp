@@ -19,9 +19,11 @@ namespace {
 // Ops (every overload) that touch no data although their schema does not say so: they return
 // host values (or, record_stream, mark an argument written) from the tensors' metadata alone.
 // Without this list the tracker would order them after pending writers of their arguments and the
-// sim device would record them as reads and as host synchronizations. Every name is an operator of
-// the dispatcher (tests/python/test_op_facts.py checks it; JIT-only ones such as
-// aten::is_non_overlapping_and_dense never reach the tracker or the sim).
+// sim device would record them as reads and as host synchronizations. Names are matched, never
+// looked up, so the list holds on every torch version: each name is an operator of the dispatcher
+// on some supported torch and TorchScript-only on the others (aten::numel, dim, storage_offset,
+// is_contiguous on torch 2.11), where neither the tracker nor the sim ever sees it, just as
+// JIT-only ops such as aten::is_non_overlapping_and_dense (tests/python/test_op_facts.py).
 // (Leaked, as the cache is: ops may run on other threads while the process exits.)
 const std::vector<std::string>* g_no_data_ops = new std::vector<std::string>{
     // Shape and layout queries: sizes, strides and offset live in the TensorImpl.

@@ -66,6 +66,11 @@ def facts(name: str) -> Dict[str, Any]:
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_facts_of_an_op(name: str) -> None:
+    if not _is_dispatcher_op(name):
+        # Some metadata queries are TorchScript-only on some torch versions (aten::dim, numel,
+        # is_contiguous on 2.11): neither the tracker nor the sim ever sees them there.
+        _assert_torchscript_only(name)
+        pytest.skip(f"{name} is not a dispatcher operator on torch {torch.__version__}")
     written, transparent, non_blocking, syncs_host = EXPECTED[name]
     f = facts(name)
     assert f["known"] and f["full_name"] == name
@@ -95,12 +100,29 @@ def _is_dispatcher_op(full: str) -> bool:
         return False
 
 
-def test_every_listed_op_is_registered_and_its_facts_follow_the_list() -> None:
+def _assert_torchscript_only(full: str) -> None:
+    """`full` (an op name, maybe with an overload) is an operator TorchScript knows although the
+    dispatcher lacks it on this torch: a real op of another torch version, not a misspelling."""
+    namespace, op = full.split("::")
+    op = op.split(".")[0]
+    packet = getattr(getattr(torch.ops, namespace), op, None)
+    assert packet is not None and packet.overloads(), (
+        f"{full}: no operator of torch {torch.__version__}")
+    assert not _dispatcher_overloads(f"{namespace}::{op}"), full
+
+
+def test_every_listed_op_is_an_operator_and_its_facts_follow_the_list() -> None:
+    """Each listed name is an operator of this torch; the overloads its dispatcher has follow the
+    list. A name only TorchScript knows here (the dispatcher of another torch version has it) is
+    allowed: the tracker and the sim never see it on this version."""
     lists = _C._sim_op_lists()
     assert lists["no_data"] and lists["host_sync"]
+    registered = 0
     for name in lists["no_data"]:
         overloads = _dispatcher_overloads(name)
-        assert overloads, f"{name} is not an operator of the dispatcher"
+        if not overloads:
+            _assert_torchscript_only(name)
+        registered += bool(overloads)
         for full in overloads:
             f = facts(full)
             assert f["transparent"] and not f["syncs_host"], f
@@ -110,6 +132,8 @@ def test_every_listed_op_is_registered_and_its_facts_follow_the_list() -> None:
         for full in overloads:
             f = facts(full)
             assert f["syncs_host"] and not f["transparent"], f
+    # (Not vacuous: most of the list is a dispatcher op on every torch version supported.)
+    assert registered > len(lists["no_data"]) // 2, (registered, lists["no_data"])
 
 
 def test_the_tracker_and_the_sim_share_one_facts_object_per_op() -> None:
