@@ -835,16 +835,23 @@ def test_strict_mode_raises_at_the_racing_op_before_it_runs() -> None:
 
 
 def test_strict_mode_raises_at_a_racy_reuse() -> None:
-    x = torch.ones(N, device="sim:0")
-    s = torch.Stream(device="sim:0")
-    s.wait_stream(current(0))
-    with s:
-        y = x * 2
-    del x
-    sim.set_strict(True)
-    with pytest.raises(sim.RaceError, match="allocation"):
-        torch.empty(N, device="sim:0")
-    del y
+    # The allocator hands out the most recently freed block of a size: no garbage collection may
+    # free another block of x's size between `del x` and the reuse (earlier tests' cycles).
+    gc.collect()
+    gc.disable()
+    try:
+        x = torch.ones(N, device="sim:0")
+        s = torch.Stream(device="sim:0")
+        s.wait_stream(current(0))
+        with s:
+            y = x * 2
+        del x
+        sim.set_strict(True)
+        with pytest.raises(sim.RaceError, match="allocation"):
+            torch.empty(N, device="sim:0")
+        del y
+    finally:
+        gc.enable()
 
 
 def test_strict_mode_lets_a_synchronized_program_run() -> None:

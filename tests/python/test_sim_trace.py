@@ -61,6 +61,7 @@ def test_trace_in_asynchronous_mode_shows_modelled_time_and_overlap(tmp_path: Pa
     pa, pb = tp.Pipeline(), tp.Pipeline()
     _two_branches(pa, pb)
     sim.set_asynchronous(True)
+    _two_branches(pa, pb)  # the first call of each plan runs at once; the traced ones queue
     sim.set_latency(op="aten::sin.out", us=30_000)
     sim.set_latency(op="aten::cos.out", us=30_000)
     try:
