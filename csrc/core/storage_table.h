@@ -53,6 +53,28 @@ class StreamSet {
   std::vector<StreamId> more_;
 };
 
+// Note [Home-stream uses]: most storages of a step are made by an op on one stream and used only
+// there until they die. Uses on the stream that made a storage need no wait (program order) and
+// no allocator protection (it is the allocation stream), so while a storage's definition is still
+// pending, its uses on that stream are only noted here (the latest write, the latest read after
+// it), not told to the tracker. When anything else needs its state (a use on another stream, a
+// resize), the runtime tells the tracker the definition and then these uses
+// (DependencyTracker::used): the tracker ends up with the writer and readers it would have had.
+struct HomeUses {
+  uint64_t write = 0;  // the latest write (seq on the definition's stream; 0: none)
+  uint64_t read = 0;   // the latest read after that write (0: none)
+
+  // The op at `seq` of that stream reads or writes it (an op doing both counts as writing).
+  void note(uint64_t seq, bool is_write) {
+    if (is_write) {
+      write = std::max(write, seq);
+      read = read > write ? read : 0;
+    } else if (seq > write) {
+      read = std::max(read, seq);
+    }
+  }
+};
+
 template <typename Key, typename Ref, typename Data>
 class StorageTable {
   static_assert(std::is_pointer_v<Key>, "storages are keyed by address");
@@ -70,11 +92,15 @@ class StorageTable {
     // Created by the op at this position (a fresh output), not yet told to the tracker: many
     // outputs are never used again, so the definition waits for the storage's next use.
     Position pending_definition;
+    // Uses on the stream of pending_definition since then, not told to the tracker either
+    // (Note [Home-stream uses]): the latest write and the latest read after it (seqs, 0: none).
+    HomeUses home_uses;
     Data data;                // the runtime's own fields
 
     // A fresh output of the op at `p`, allocated on its stream.
     void define(Position p) {
       pending_definition = p;
+      home_uses = HomeUses{};
       moved_to(p.stream);
     }
     // Its memory was reallocated on `stream` (resize_): the new block's allocation stream, which
@@ -115,6 +141,39 @@ class StorageTable {
     return insert(key, make_ref());
   }
 
+  // The stream of `key`'s pending definition, while its state is still all pending (a young
+  // storage, or an entry with a pending definition on its home stream), else 0; no promotion.
+  // Note [Home-stream uses].
+  StreamId pending_home(Key key) const {
+    const auto it = map_.find(key);
+    if (it != map_.end()) {
+      const Entry& e = it->second;
+      return e.pending_definition.seq != 0 && e.home == e.pending_definition.stream
+                 ? e.home
+                 : 0;
+    }
+    for (auto y = young_.rbegin(); y != young_.rend(); ++y) {
+      if (y->key == key) {
+        return y->definition.stream;
+      }
+    }
+    return 0;
+  }
+  // The op at `seq` on pending_home(key) (not 0) reads or writes it: noted with the pending state.
+  void note_home_use(Key key, uint64_t seq, bool write) {
+    const auto it = map_.find(key);
+    if (it != map_.end()) {
+      it->second.home_uses.note(seq, write);
+      return;
+    }
+    for (auto y = young_.rbegin(); y != young_.rend(); ++y) {
+      if (y->key == key) {
+        y->home_uses.note(seq, write);
+        return;
+      }
+    }
+  }
+
   // `key` is a fresh output of the op at `definition`: it stays young (no entry) until it is used
   // again or the ring is full; an entry it has already is redefined.
   template <typename MakeRef>
@@ -127,6 +186,7 @@ class StorageTable {
     for (Young& y : young_) {
       if (y.key == key) {
         y.definition = definition;  // (two outputs sharing a storage, or an op returning it again)
+        y.home_uses = HomeUses{};
         return;
       }
     }
@@ -137,7 +197,7 @@ class StorageTable {
         promote(std::move(oldest));
       }
     }
-    young_.push_back(Young{key, make_ref(), definition});
+    young_.push_back(Young{key, make_ref(), definition, HomeUses{}});
   }
 
   // f(Entry&) for every entry whose storage is alive.
@@ -188,6 +248,7 @@ class StorageTable {
     Key key;
     Ref ref;
     Position definition;
+    HomeUses home_uses;
   };
 
   Entry& insert(Key key, Ref ref) {
@@ -200,6 +261,7 @@ class StorageTable {
   Entry& promote(Young&& y) {
     Entry& e = insert(y.key, std::move(y.ref));  // (new: young storages have no entry)
     e.define(y.definition);
+    e.home_uses = y.home_uses;
     return e;
   }
   Entry* promote_young(Key key) {

@@ -91,8 +91,10 @@ void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool asy
     }
     auto& reads = run.reads;
     auto& writes = run.writes;
+    auto& home_uses = run.home_uses;
     reads.clear();
     writes.clear();
+    home_uses.clear();
     for (const Access& a : accesses) {
       const c10::Device d = a.tensor->device();
       const bool cpu_here = d.is_cpu() && async && di == 0;  // a copy's host side: its stream
@@ -100,6 +102,15 @@ void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool asy
         continue;
       }
       const c10::Storage& storage = a.tensor->storage();
+      const c10::StorageImpl* key = storage.unsafeGetStorageImpl();
+      // Note [Home-stream uses]: a storage made on this stream and used only here so far needs no
+      // wait and no allocator protection; its use is noted after the launch. (Not in a capture,
+      // not for a write that may give it new memory: those need its entry.)
+      if (!world && !cpu_here && !(a.write && a.may_move) &&
+          st.storages.pending_home(key) == se.id) {
+        home_uses.emplace_back(key, a.write);
+        continue;
+      }
       StorageEntry& e = acquire_storage_locked(st, storage);
       define_pending_locked(st, e);
       if (world) {
@@ -114,6 +125,17 @@ void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool asy
       }
       (a.write ? writes : reads).push_back(e.id);
     }
+    // A storage also reached by another access of this op (which told the tracker its state) is
+    // told to the tracker with the op's other accesses.
+    home_uses.erase(std::remove_if(home_uses.begin(), home_uses.end(),
+                                   [&](const std::pair<const c10::StorageImpl*, bool>& u) {
+                                     if (st.storages.pending_home(u.first) == se.id) {
+                                       return false;
+                                     }
+                                     (u.second ? writes : reads).push_back(StorageTable::id_of(u.first));
+                                     return true;
+                                   }),
+                    home_uses.end());
     end_run_locked(run, st, se.id);
     auto& wait_events = run.wait_events;
     wait_events.clear();
@@ -126,6 +148,9 @@ void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool asy
       return r.reach;
     });
     se.log.start(launch.position.seq);  // in flight until finish()
+    for (const auto& [key, write] : home_uses) {
+      st.storages.note_home_use(key, launch.position.seq, write);
+    }
     for (const auto& ev : wait_events) {
       ev->block(stream);
     }
