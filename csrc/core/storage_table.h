@@ -144,20 +144,24 @@ class StorageTable {
   // The stream of `key`'s pending definition, while its state is still all pending (a young
   // storage, or an entry with a pending definition on its home stream), else 0; no promotion.
   // Note [Home-stream uses].
-  StreamId pending_home(Key key) const {
-    const auto it = map_.find(key);
+  StreamId pending_home(Key key) {
+    StreamId home = 0;
+    lookup(key, &home);
+    return home;
+  }
+  // One lookup for both paths: `key`'s entry if it has one (no promotion; nullptr if none), and
+  // in `*pending_home` what pending_home(key) returns.
+  Entry* lookup(Key key, StreamId* pending_home) {
+    const auto it = map_.find(key);  // (first: most storages an op reads have entries)
     if (it != map_.end()) {
-      const Entry& e = it->second;
-      return e.pending_definition.seq != 0 && e.home == e.pending_definition.stream
-                 ? e.home
-                 : 0;
+      Entry& e = it->second;
+      *pending_home =
+          e.pending_definition.seq != 0 && e.home == e.pending_definition.stream ? e.home : 0;
+      return &e;
     }
-    for (auto y = young_.rbegin(); y != young_.rend(); ++y) {
-      if (y->key == key) {
-        return y->definition.stream;
-      }
-    }
-    return 0;
+    const size_t y = young_index(key);
+    *pending_home = y != young_keys_.size() ? young_[y].definition.stream : 0;
+    return nullptr;
   }
   // The op at `seq` on pending_home(key) (not 0) reads or writes it: noted with the pending state.
   void note_home_use(Key key, uint64_t seq, bool write) {
@@ -166,11 +170,9 @@ class StorageTable {
       it->second.home_uses.note(seq, write);
       return;
     }
-    for (auto y = young_.rbegin(); y != young_.rend(); ++y) {
-      if (y->key == key) {
-        y->home_uses.note(seq, write);
-        return;
-      }
+    const size_t y = young_index(key);
+    if (y != young_keys_.size()) {
+      young_[y].home_uses.note(seq, write);
     }
   }
 
@@ -183,21 +185,22 @@ class StorageTable {
       it->second.define(definition);  // (an output of a storage known already)
       return;
     }
-    for (Young& y : young_) {
-      if (y.key == key) {
-        y.definition = definition;  // (two outputs sharing a storage, or an op returning it again)
-        y.home_uses = HomeUses{};
-        return;
-      }
+    if (const size_t i = young_index(key); i != young_keys_.size()) {
+      Young& y = young_[i];
+      y.definition = definition;  // (two outputs sharing a storage, or an op returning it again)
+      y.home_uses = HomeUses{};
+      return;
     }
     if (young_.size() >= young_capacity_) {
       Young oldest = std::move(young_.front());
       young_.pop_front();
+      young_keys_.erase(young_keys_.begin());
       if (!oldest.ref.expired()) {
         promote(std::move(oldest));
       }
     }
     young_.push_back(Young{key, make_ref(), definition, HomeUses{}});
+    young_keys_.push_back(key);
   }
 
   // f(Entry&) for every entry whose storage is alive.
@@ -218,6 +221,7 @@ class StorageTable {
   void clear() {
     map_.clear();
     young_.clear();
+    young_keys_.clear();
     inserted_since_sweep_ = 0;
     left_by_sweep_ = 0;
   }
@@ -251,6 +255,16 @@ class StorageTable {
     HomeUses home_uses;
   };
 
+  // The index of `key` in young_ (the newest first), young_keys_.size() if it is not young.
+  size_t young_index(Key key) const {
+    for (size_t i = young_keys_.size(); i-- > 0;) {
+      if (young_keys_[i] == key) {
+        return i;
+      }
+    }
+    return young_keys_.size();
+  }
+
   Entry& insert(Key key, Ref ref) {
     if (++inserted_since_sweep_ >= std::max(min_sweep_, left_by_sweep_)) {
       sweep();
@@ -265,14 +279,14 @@ class StorageTable {
     return e;
   }
   Entry* promote_young(Key key) {
-    for (auto it = young_.rbegin(); it != young_.rend(); ++it) {
-      if (it->key == key) {
-        Young y = std::move(*it);
-        young_.erase(std::next(it).base());
-        return &promote(std::move(y));
-      }
+    const size_t i = young_index(key);
+    if (i == young_keys_.size()) {
+      return nullptr;
     }
-    return nullptr;
+    Young y = std::move(young_[i]);
+    young_.erase(young_.begin() + static_cast<std::ptrdiff_t>(i));
+    young_keys_.erase(young_keys_.begin() + static_cast<std::ptrdiff_t>(i));
+    return &promote(std::move(y));
   }
 
   OnDead on_dead_;
@@ -280,6 +294,9 @@ class StorageTable {
   const size_t min_sweep_;
   std::unordered_map<Key, Entry> map_;
   std::deque<Young> young_;
+  // The keys of young_, in the same order: the lookups scan these (a few cache lines), not the
+  // records.
+  std::vector<Key> young_keys_;
   size_t inserted_since_sweep_ = 0;
   size_t left_by_sweep_ = 0;  // entries the last sweep left
   size_t sweeps_ = 0;
