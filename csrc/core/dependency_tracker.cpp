@@ -272,6 +272,35 @@ void DependencyTracker::define(Position p, const std::vector<StorageId>& storage
   }
 }
 
+void DependencyTracker::used(Position p, StorageId s, bool write) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (p.seq == 0) return;
+  const uint32_t index = checked_index(p, "used()");
+  const Op op = op_at(index, p.seq);
+  StorageState& state = storages_[s];
+  if (write) {
+    state.writer = op;
+    state.readers.clear();
+  } else {
+    bool replaced = false;
+    for (Op& r : state.readers) {
+      if (r.stream == index) {
+        if (r.seq < op.seq) r = op;
+        replaced = true;
+        break;
+      }
+    }
+    if (!replaced) state.readers.push_back(op);
+  }
+  for (Use& u : state.uses) {
+    if (u.stream == index) {
+      u.seq = std::max(u.seq, p.seq);
+      return;
+    }
+  }
+  state.uses.push_back(Use{index, p.seq});
+}
+
 void DependencyTracker::waited(StreamId waiter, Position producer, uint64_t own_reach) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (producer.seq == 0) return;

@@ -120,6 +120,14 @@ class DependencyTracker {
   // has not been launched yet.
   void define(Position p, const std::vector<StorageId>& storages);
 
+  // The op at `p` (launched) read or wrote (`write`) storage `s`, told after the fact: recorded as
+  // launch() would have recorded it (writer, readers, use), with p's clock from the history (or
+  // none, beyond the history limit: ordered after nothing but its own stream, which can only add
+  // a wait later). The runtime defers the uses of a storage on the stream that made it until
+  // another stream uses it (Note [Home-stream uses]); it tells them here, after define(), oldest
+  // first. Throws std::invalid_argument if `p` has not been launched yet.
+  void used(Position p, StorageId s, bool write);
+
   // An external wait the runtime inserted (user wait_event / wait_pipeline, a task's streams
   // waiting for the submitter): the next ops of `waiter` are ordered after `producer`.
   // Throws std::invalid_argument if `producer` has not been launched yet.

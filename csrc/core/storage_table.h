@@ -53,6 +53,28 @@ class StreamSet {
   std::vector<StreamId> more_;
 };
 
+// Note [Home-stream uses]: most storages of a step are made by an op on one stream and used only
+// there until they die. Uses on the stream that made a storage need no wait (program order) and
+// no allocator protection (it is the allocation stream), so while a storage's definition is still
+// pending, its uses on that stream are only noted here (the latest write, the latest read after
+// it), not told to the tracker. When anything else needs its state (a use on another stream, a
+// resize), the runtime tells the tracker the definition and then these uses
+// (DependencyTracker::used): the tracker ends up with the writer and readers it would have had.
+struct HomeUses {
+  uint64_t write = 0;  // the latest write (seq on the definition's stream; 0: none)
+  uint64_t read = 0;   // the latest read after that write (0: none)
+
+  // The op at `seq` of that stream reads or writes it (an op doing both counts as writing).
+  void note(uint64_t seq, bool is_write) {
+    if (is_write) {
+      write = std::max(write, seq);
+      read = read > write ? read : 0;
+    } else if (seq > write) {
+      read = std::max(read, seq);
+    }
+  }
+};
+
 template <typename Key, typename Ref, typename Data>
 class StorageTable {
   static_assert(std::is_pointer_v<Key>, "storages are keyed by address");
@@ -70,11 +92,15 @@ class StorageTable {
     // Created by the op at this position (a fresh output), not yet told to the tracker: many
     // outputs are never used again, so the definition waits for the storage's next use.
     Position pending_definition;
+    // Uses on the stream of pending_definition since then, not told to the tracker either
+    // (Note [Home-stream uses]): the latest write and the latest read after it (seqs, 0: none).
+    HomeUses home_uses;
     Data data;                // the runtime's own fields
 
     // A fresh output of the op at `p`, allocated on its stream.
     void define(Position p) {
       pending_definition = p;
+      home_uses = HomeUses{};
       moved_to(p.stream);
     }
     // Its memory was reallocated on `stream` (resize_): the new block's allocation stream, which
@@ -115,6 +141,41 @@ class StorageTable {
     return insert(key, make_ref());
   }
 
+  // The stream of `key`'s pending definition, while its state is still all pending (a young
+  // storage, or an entry with a pending definition on its home stream), else 0; no promotion.
+  // Note [Home-stream uses].
+  StreamId pending_home(Key key) {
+    StreamId home = 0;
+    lookup(key, &home);
+    return home;
+  }
+  // One lookup for both paths: `key`'s entry if it has one (no promotion; nullptr if none), and
+  // in `*pending_home` what pending_home(key) returns.
+  Entry* lookup(Key key, StreamId* pending_home) {
+    const auto it = map_.find(key);  // (first: most storages an op reads have entries)
+    if (it != map_.end()) {
+      Entry& e = it->second;
+      *pending_home =
+          e.pending_definition.seq != 0 && e.home == e.pending_definition.stream ? e.home : 0;
+      return &e;
+    }
+    const size_t y = young_index(key);
+    *pending_home = y != young_keys_.size() ? young_[y].definition.stream : 0;
+    return nullptr;
+  }
+  // The op at `seq` on pending_home(key) (not 0) reads or writes it: noted with the pending state.
+  void note_home_use(Key key, uint64_t seq, bool write) {
+    const auto it = map_.find(key);
+    if (it != map_.end()) {
+      it->second.home_uses.note(seq, write);
+      return;
+    }
+    const size_t y = young_index(key);
+    if (y != young_keys_.size()) {
+      young_[y].home_uses.note(seq, write);
+    }
+  }
+
   // `key` is a fresh output of the op at `definition`: it stays young (no entry) until it is used
   // again or the ring is full; an entry it has already is redefined.
   template <typename MakeRef>
@@ -124,20 +185,22 @@ class StorageTable {
       it->second.define(definition);  // (an output of a storage known already)
       return;
     }
-    for (Young& y : young_) {
-      if (y.key == key) {
-        y.definition = definition;  // (two outputs sharing a storage, or an op returning it again)
-        return;
-      }
+    if (const size_t i = young_index(key); i != young_keys_.size()) {
+      Young& y = young_[i];
+      y.definition = definition;  // (two outputs sharing a storage, or an op returning it again)
+      y.home_uses = HomeUses{};
+      return;
     }
     if (young_.size() >= young_capacity_) {
       Young oldest = std::move(young_.front());
       young_.pop_front();
+      young_keys_.erase(young_keys_.begin());
       if (!oldest.ref.expired()) {
         promote(std::move(oldest));
       }
     }
-    young_.push_back(Young{key, make_ref(), definition});
+    young_.push_back(Young{key, make_ref(), definition, HomeUses{}});
+    young_keys_.push_back(key);
   }
 
   // f(Entry&) for every entry whose storage is alive.
@@ -158,6 +221,7 @@ class StorageTable {
   void clear() {
     map_.clear();
     young_.clear();
+    young_keys_.clear();
     inserted_since_sweep_ = 0;
     left_by_sweep_ = 0;
   }
@@ -188,7 +252,18 @@ class StorageTable {
     Key key;
     Ref ref;
     Position definition;
+    HomeUses home_uses;
   };
+
+  // The index of `key` in young_ (the newest first), young_keys_.size() if it is not young.
+  size_t young_index(Key key) const {
+    for (size_t i = young_keys_.size(); i-- > 0;) {
+      if (young_keys_[i] == key) {
+        return i;
+      }
+    }
+    return young_keys_.size();
+  }
 
   Entry& insert(Key key, Ref ref) {
     if (++inserted_since_sweep_ >= std::max(min_sweep_, left_by_sweep_)) {
@@ -200,17 +275,18 @@ class StorageTable {
   Entry& promote(Young&& y) {
     Entry& e = insert(y.key, std::move(y.ref));  // (new: young storages have no entry)
     e.define(y.definition);
+    e.home_uses = y.home_uses;
     return e;
   }
   Entry* promote_young(Key key) {
-    for (auto it = young_.rbegin(); it != young_.rend(); ++it) {
-      if (it->key == key) {
-        Young y = std::move(*it);
-        young_.erase(std::next(it).base());
-        return &promote(std::move(y));
-      }
+    const size_t i = young_index(key);
+    if (i == young_keys_.size()) {
+      return nullptr;
     }
-    return nullptr;
+    Young y = std::move(young_[i]);
+    young_.erase(young_.begin() + static_cast<std::ptrdiff_t>(i));
+    young_keys_.erase(young_keys_.begin() + static_cast<std::ptrdiff_t>(i));
+    return &promote(std::move(y));
   }
 
   OnDead on_dead_;
@@ -218,6 +294,9 @@ class StorageTable {
   const size_t min_sweep_;
   std::unordered_map<Key, Entry> map_;
   std::deque<Young> young_;
+  // The keys of young_, in the same order: the lookups scan these (a few cache lines), not the
+  // records.
+  std::vector<Key> young_keys_;
   size_t inserted_since_sweep_ = 0;
   size_t left_by_sweep_ = 0;  // entries the last sweep left
   size_t sweeps_ = 0;

@@ -352,6 +352,27 @@ TEST(DependencyTracker, DefineUsesTheClockOfItsPosition) {
   EXPECT_EQ(t.launch(3, {}, {kY}).waits, kNone);
 }
 
+TEST(DependencyTracker, UsesToldAfterTheFactActAsIfLaunchedWithThem) {
+  // Stream 1 makes x at 1@1 (after waiting for 2@1's write of y), writes it at 1@2 and reads it
+  // at 1@3 without telling the tracker; then it tells define() and used() (Note [Home-stream
+  // uses]). A write of x on stream 3 waits for the read 1@3; a read on stream 4 for the write 1@2.
+  DependencyTracker t;
+  t.launch(2, {}, {kY});                              // 2@1 writes y
+  const Position p = t.launch(1, {kY}, {}).position;  // 1@1 waits for it
+  t.launch(1, {}, {});
+  t.launch(1, {}, {});
+  t.define(p, {kX});
+  t.used(at(1, 2), kX, /*write=*/true);
+  t.used(at(1, 3), kX, /*write=*/false);
+  EXPECT_EQ(t.launch(4, {kX}, {}).waits, Waits{at(1, 2)});
+  EXPECT_EQ(t.launch(3, {}, {kX}).waits, (Waits{at(1, 3), at(4, 1)}));
+  // The told ops carry their clocks: stream 4, ordered after 1@2, is ordered after 2@1 too, so a
+  // write of y there waits for nothing (neither y's writer 2@1 nor its reader 1@1).
+  EXPECT_EQ(t.launch(4, {}, {kY}).waits, kNone);
+  EXPECT_EQ(t.uses_off(kX, 5), (Waits{at(1, 3), at(3, 1), at(4, 1)}));
+  EXPECT_THROW(t.used(at(1, 9), kX, true), std::invalid_argument);
+}
+
 TEST(DependencyTracker, DefineRejectsPositionsNotLaunched) {
   DependencyTracker t;
   EXPECT_THROW(t.define(at(1, 1), {kX}), std::invalid_argument);

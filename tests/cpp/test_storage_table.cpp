@@ -58,6 +58,42 @@ TEST(StorageTable, TheRingPromotesOnlyLiveStoragesThatLeaveIt) {
   ASSERT_NE(table.find(kept.key()), nullptr);
 }
 
+TEST(StorageTable, HomeUsesStayPendingUntilTheEntryIsTold) {
+  // Note [Home-stream uses]: a young storage, and an entry with a pending definition on its home
+  // stream, have a pending home; their uses there are noted (the latest write, the latest read
+  // after it) and carried into the entry on promotion; a redefinition drops them.
+  Table table(nullptr, /*young_capacity=*/4);
+  Storage s, other;
+  EXPECT_EQ(table.pending_home(s.key()), 0);
+  table.add_young(s.key(), [&] { return s.ref(); }, Position{3, 7});
+  EXPECT_EQ(table.pending_home(s.key()), 3);
+  table.note_home_use(s.key(), 8, /*write=*/false);
+  table.note_home_use(s.key(), 9, /*write=*/true);   // drops the read before it
+  table.note_home_use(s.key(), 10, /*write=*/false);
+  table.note_home_use(s.key(), 11, /*write=*/false);
+  EXPECT_EQ(table.size(), 0u);  // (no promotion)
+  Table::Entry* e = table.find(s.key());
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->home_uses.write, 9u);
+  EXPECT_EQ(e->home_uses.read, 11u);
+  EXPECT_EQ(table.pending_home(s.key()), 3);  // an entry whose definition is still pending
+  table.note_home_use(s.key(), 12, /*write=*/true);  // an op reading and writing it: written
+  table.note_home_use(s.key(), 12, /*write=*/false);
+  EXPECT_EQ(e->home_uses.write, 12u);
+  EXPECT_EQ(e->home_uses.read, 0u);
+  e->moved_to(5);  // a new home: its state is no longer all pending there
+  EXPECT_EQ(table.pending_home(s.key()), 0);
+  table.add_young(s.key(), [&] { return s.ref(); }, Position{5, 2});  // redefined
+  EXPECT_EQ(e->home_uses.write, 0u);
+  EXPECT_EQ(table.pending_home(s.key()), 5);
+  e->pending_definition = Position{};  // told to the tracker
+  EXPECT_EQ(table.pending_home(s.key()), 0);
+  table.add_young(other.key(), [&] { return other.ref(); }, Position{1, 1});
+  table.note_home_use(other.key(), 2, /*write=*/false);
+  table.add_young(other.key(), [&] { return other.ref(); }, Position{1, 3});  // young, redefined
+  EXPECT_EQ(table.find(other.key())->home_uses.read, 0u);
+}
+
 TEST(StorageTable, AcquireCreatesOnceAndRedefinitionResetsTheEntry) {
   Table table(nullptr);
   Storage s;

@@ -122,6 +122,32 @@ def test_write_after_read_waits_for_every_reader() -> None:
         assert len([r for r in sim.races() if r.later_op == "aten::fill_.Scalar"]) == 2
 
 
+def home_uses_then_another_stream(p: "tp.Pipeline") -> Tuple["torch.Tensor", ...]:
+    with tp.pipeline(p):
+        x = ones() * 2     # made on p's stream: its uses there are only noted (Note [Home-stream uses])
+        y = ones() * 2
+    ones()                 # p's run ends: its event is recorded at x's and y's definitions
+    with tp.pipeline(p):
+        a = x * 3          # home uses after that event: a read of x ...
+        y.mul_(5)          # ... and a write of y
+    x.fill_(7)             # on the default stream: waits for the read, not only x's definition
+    z = y + 1              # waits for the write, not only y's definition
+    return a, x, z
+
+
+def test_home_stream_uses_are_waited_for_once_another_stream_uses_the_storage() -> None:
+    p = tp.Pipeline()
+    a, x, z = home_uses_then_another_stream(p)
+    assert torch.equal(a.cpu(), torch.full((N,), 6.0))
+    assert torch.equal(x.cpu(), torch.full((N,), 7.0))
+    assert torch.equal(z.cpu(), torch.full((N,), 11.0))
+    assert sim.races() == []
+    with untracked():
+        home_uses_then_another_stream(p)
+        later = {later for _, later in race_ops(sim.races())}
+        assert {"aten::fill_.Scalar", "aten::add.Tensor"} & later, sim.races()
+
+
 def write_after_write(p: "tp.Pipeline") -> "torch.Tensor":
     x = ones()
     with tp.pipeline(p):

@@ -132,14 +132,16 @@ void poll_locked(LiveState& st, std::vector<c10::Storage>& released) {
     // The newest event after a kept use, then (if that one is not done) the oldest: at most two
     // queries per stream. Without one, record one now after all kept uses (they have all
     // launched: keep-alives start after their op) and keep it for later polls and waits.
+    // (Pointers into the stream log, which nothing below changes: no copies, no allocation.)
+    using Kept = std::pair<uint64_t, std::shared_ptr<c10::Event>>;
     const uint64_t front = e.kept.front_seq();
-    std::vector<std::pair<uint64_t, std::shared_ptr<c10::Event>>> candidates;
-    const auto* newest = e.log.newest();
+    const Kept* candidates[2] = {nullptr, nullptr};
+    const Kept* newest = e.log.newest();
     if (newest != nullptr && newest->first >= front) {
-      candidates.push_back(*newest);
-      const auto* oldest = e.log.event_at(front);
+      candidates[0] = newest;
+      const Kept* oldest = e.log.event_at(front);
       if (oldest->first != newest->first) {
-        candidates.push_back(*oldest);
+        candidates[1] = oldest;
       }
     } else {
       const uint64_t covers = std::min(e.kept.back_seq(), e.log.settled());
@@ -149,25 +151,30 @@ void poll_locked(LiveState& st, std::vector<c10::Storage>& released) {
       auto ev = std::make_shared<c10::Event>(e.stream.device_type());
       ev->record(e.stream);
       count(g_counters.events);
-      e.log.keep(covers, ev);  // (if newer than the newest kept)
-      candidates.emplace_back(covers, std::move(ev));
+      // (newer than the newest kept, which is older than `front`: it becomes the newest)
+      const bool kept = e.log.keep(covers, std::move(ev));
+      TORCH_INTERNAL_ASSERT(kept && e.log.newest()->first == covers);
+      candidates[0] = e.log.newest();
     }
-    if (!e.kept.due(candidates.front().first)) {
+    if (!e.kept.due(candidates[0]->first)) {
       continue;  // queried recently and not done: a device query is not free
     }
     bool failed = false;
-    for (const auto& [covers, ev] : candidates) {
+    for (const Kept* c : candidates) {
+      if (c == nullptr) {
+        break;
+      }
       bool done = false;
       try {
-        done = ev->query();
+        done = c->second->query();
       } catch (const c10::Error& error) {
         explain_failed_query("a keep-alive poll's event query", error, st.period);
         failed = true;  // (kept until a later poll)
         break;
       }
       if (done) {
-        e.kept.completed(covers);
-        st.tracker->completed(Position{e.id, covers});
+        e.kept.completed(c->first);
+        st.tracker->completed(Position{e.id, c->first});
         break;
       }
     }

@@ -91,8 +91,10 @@ void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool asy
     }
     auto& reads = run.reads;
     auto& writes = run.writes;
+    auto& home_uses = run.home_uses;
     reads.clear();
     writes.clear();
+    home_uses.clear();
     for (const Access& a : accesses) {
       const c10::Device d = a.tensor->device();
       const bool cpu_here = d.is_cpu() && async && di == 0;  // a copy's host side: its stream
@@ -100,7 +102,17 @@ void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool asy
         continue;
       }
       const c10::Storage& storage = a.tensor->storage();
-      StorageEntry& e = acquire_storage_locked(st, storage);
+      const c10::StorageImpl* key = storage.unsafeGetStorageImpl();
+      // Note [Home-stream uses]: a storage made on this stream and used only here so far needs no
+      // wait and no allocator protection; its use is noted after the launch. (Not in a capture,
+      // not for a write that may give it new memory: those need its entry.)
+      StreamId pending_home = 0;
+      StorageEntry* found = st.storages.lookup(key, &pending_home);
+      if (!world && !cpu_here && !(a.write && a.may_move) && pending_home == se.id) {
+        home_uses.push_back(ThreadRun::HomeUse{key, found, a.write});
+        continue;
+      }
+      StorageEntry& e = found != nullptr ? *found : acquire_storage_locked(st, storage);
       define_pending_locked(st, e);
       if (world) {
         capture_use_locked(*world, se, storage, a.write);  // (perhaps kept for the graph's lifetime)
@@ -114,6 +126,23 @@ void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool asy
       }
       (a.write ? writes : reads).push_back(e.id);
     }
+    // A storage also reached by another access of this op (which told the tracker its state) is
+    // told to the tracker with the op's other accesses.
+    // (Only those change a storage's pending state here: it is then in reads or writes.)
+    if (!home_uses.empty() && (!reads.empty() || !writes.empty())) {
+      home_uses.erase(
+          std::remove_if(home_uses.begin(), home_uses.end(),
+                         [&](const ThreadRun::HomeUse& u) {
+                           const StorageId id = StorageTable::id_of(u.key);
+                           if (std::find(reads.begin(), reads.end(), id) == reads.end() &&
+                               std::find(writes.begin(), writes.end(), id) == writes.end()) {
+                             return false;
+                           }
+                           (u.write ? writes : reads).push_back(id);
+                           return true;
+                         }),
+          home_uses.end());
+    }
     end_run_locked(run, st, se.id);
     auto& wait_events = run.wait_events;
     wait_events.clear();
@@ -126,6 +155,14 @@ void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool asy
       return r.reach;
     });
     se.log.start(launch.position.seq);  // in flight until finish()
+    for (const ThreadRun::HomeUse& u : home_uses) {
+      // (an entry stays where it is; a young storage may have moved in the ring)
+      if (u.entry != nullptr) {
+        u.entry->home_uses.note(launch.position.seq, u.write);
+      } else {
+        st.storages.note_home_use(u.key, launch.position.seq, u.write);
+      }
+    }
     for (const auto& ev : wait_events) {
       ev->block(stream);
     }

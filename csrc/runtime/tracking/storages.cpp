@@ -24,7 +24,16 @@ void add_young_locked(LiveState& st, const c10::Storage& storage, Position defin
 void define_pending_locked(LiveState& st, StorageEntry& e) {
   if (e.pending_definition.seq != 0) {
     st.tracker->define(e.pending_definition, {e.id});
+    // Then its uses on that stream since (Note [Home-stream uses]), oldest first.
+    const StreamId home = e.pending_definition.stream;
+    if (e.home_uses.write != 0) {
+      st.tracker->used(Position{home, e.home_uses.write}, e.id, /*write=*/true);
+    }
+    if (e.home_uses.read != 0) {
+      st.tracker->used(Position{home, e.home_uses.read}, e.id, /*write=*/false);
+    }
     e.pending_definition = Position{};
+    e.home_uses = core::HomeUses{};
   }
 }
 
