@@ -172,7 +172,11 @@ bool try_defer(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Op
 
   launch(t, facts.full_name, bytes,
          [op, runner, args = std::move(cpu_stack), outputs = std::move(outputs)]() mutable {
-           torch::jit::Stack s = std::move(args);  // runs once
+           // NB: a copy, so that `args` keeps the CPU aliases alive through the call. A boxed
+           // out= kernel returning a tuple of Tensor& (the _linalg_svd.U family) drops its
+           // arguments from the stack before it pushes those references: were the stack the
+           // aliases' only owner, it would push freed TensorImpls (heap corruption on torch 2.11).
+           torch::jit::Stack s = args;
            runner(op, &s, c10::DispatchKeySet(c10::DispatchKey::CPU));
            for (Output& o : outputs) {
              const c10::IValue& v = s[o.ret];

@@ -374,7 +374,7 @@ def test_a_pinned_block_is_not_handed_out_again_while_a_queued_copy_reads_it() -
     waits for the copy's event), so a pinned tensor made and written meanwhile gets another
     block, and the copy delivers what the old one held."""
     slow("aten::copy_ (cpu -> sim:0) non_blocking")
-    torch.accelerator.empty_host_cache()
+    sim.empty_host_cache()
     src = torch.ones(N).pin_memory()
     ptr = src.data_ptr()
     y = src.to("sim:0", non_blocking=True)  # runs SLOW_MS later
@@ -837,6 +837,23 @@ def test_backward_with_masked_outputs_and_absent_inputs_equals_the_cpu(name: str
         got = [loss.detach()] + list(torch.autograd.grad(loss, leaves))
         for i, (a, b) in enumerate(zip(got, expected)):
             assert torch.equal(a.cpu(), b), f"{name}: result {i} differs"
+    assert sim.races() == []
+
+
+def test_queued_out_kernels_that_return_references_keep_their_arguments_alive() -> None:
+    """svd's backward queues _linalg_svd.U, an out= kernel returning a tuple of Tensor&, whose
+    boxed wrapper drops its arguments before pushing those references: the queued kernel keeps
+    the CPU aliases alive (else freed TensorImpls: heap corruption, an abort, on torch 2.11)."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        a = torch.randn(5, 3, generator=g)
+        x = a.to("sim:0").requires_grad_()
+        u, s, vh = torch.linalg.svd(x, full_matrices=False)
+        (u.sum() + s.sum() + vh.sum()).backward()
+        ar = a.clone().requires_grad_()
+        u, s, vh = torch.linalg.svd(ar, full_matrices=False)
+        (u.sum() + s.sum() + vh.sum()).backward()
+        assert torch.equal(x.grad.cpu(), ar.grad)
     assert sim.races() == []
 
 
