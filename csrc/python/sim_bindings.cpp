@@ -174,6 +174,7 @@ streams and the memory.
   m.def("_sim_raw_kernel", &sim::raw_kernel, py::arg("name"), py::arg("reads"), py::arg("writes"));
   m.def("_sim_pending_host_accesses", &sim::pending_host_accesses);
   m.def("_sim_host_memory_stats", &sim::host_memory_stats);
+  m.def("_sim_empty_host_cache", &sim::empty_host_cache);
   m.def("_sim_stream_from_pool", &sim::stream_from_pool, py::arg("device"),
         py::arg("high_priority") = false);
   m.def("_sim_stream_priority", &sim::stream_priority, py::arg("stream"));

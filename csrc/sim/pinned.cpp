@@ -182,6 +182,10 @@ bool is_pinned(const void* ptr) {
   return p < it->first + it->second->size;
 }
 
+void empty_host_cache() {
+  host_allocator()->empty_cache();
+}
+
 std::vector<std::pair<std::string, int64_t>> host_memory_stats() {
   const at::HostStats s = host_allocator()->get_stats();
   std::vector<std::pair<std::string, int64_t>> out;

@@ -55,6 +55,9 @@ void raw_kernel(const std::string& name, const std::vector<at::Tensor>& reads,
 // The pinned host allocator's statistics, flat, under torch.cuda.host_memory_stats' names
 // ("allocations.current", "active_bytes.peak", "num_host_alloc", ...).
 std::vector<std::pair<std::string, int64_t>> host_memory_stats();
+// Gives the pinned host allocator's cached blocks back (torch.accelerator.empty_host_cache(),
+// for the torch versions that have it, calls the same).
+void empty_host_cache();
 
 // Number of access records the checker keeps (for tests).
 size_t history_size();

@@ -66,6 +66,7 @@ __all__ = [
     "device_count",
     "enable",
     "graph",
+    "empty_host_cache",
     "host_memory_stats",
     "is_available",
     "is_asynchronous",
@@ -311,6 +312,18 @@ def host_memory_stats() -> Dict[str, int]:
         1
     """
     return dict(_C._sim_host_memory_stats())
+
+
+def empty_host_cache() -> None:
+    """Gives the pinned host allocator's cached blocks back to the system (what
+    ``torch.accelerator.empty_host_cache()`` does, on the torch versions that have it).
+
+        >>> x = torch.empty(1000, pin_memory=True); del x
+        >>> sim.empty_host_cache()
+        >>> sim.host_memory_stats()["allocations.current"]
+        0
+    """
+    _C._sim_empty_host_cache()
 
 
 def raw_kernel(name: str, read: Sequence[torch.Tensor] = (), write: Sequence[torch.Tensor] = ()) -> None:
