@@ -612,35 +612,43 @@ def test_tracked_random_programs_equal_the_synchronous_run() -> None:
     assert wrong > 0, "no untracked program computed a wrong value"
 
 
+def _trains_as_synchronously(make_model: Callable[[], "torch.nn.Module"], batch: Tuple[int, ...],
+                             classes: int, steps: int, launch_us: float) -> None:
+    """SGD with momentum in a pipeline, every kernel `launch_us`: the same losses and state (weights,
+    batch-norm statistics), bit for bit, as the synchronous run."""
+    def train() -> Tuple[List[float], List["torch.Tensor"]]:
+        torch.manual_seed(0)
+        model = make_model().to("sim:0")
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        p = tp.Pipeline()
+        losses = []
+        for _ in range(steps):
+            x = torch.randn(*batch).to("sim:0")
+            y = torch.randint(0, classes, (batch[0],)).to("sim:0")
+            with tp.pipeline(p):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+            losses.append(loss.item())
+        return losses, [t.detach().cpu() for t in model.state_dict().values()]
+
+    ref_losses, ref_state = synchronous(train)
+    sim.set_latency(launch_us=launch_us)
+    losses, state = train()
+    assert losses == ref_losses
+    assert all(torch.equal(a, b) for a, b in zip(ref_state, state))
+    assert sim.races() == []
+
+
 def test_a_tracked_training_step_equals_the_synchronous_run() -> None:
     """Forward, backward (the autograd engine's device thread queues the backward kernels) and SGD
     with momentum in a pipeline, every kernel 300 us: the same losses and weights, bit for bit."""
     import torch.nn as nn
 
-    def train() -> Tuple[List[float], List["torch.Tensor"]]:
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.LayerNorm(64),
-                              nn.Linear(64, 10)).to("sim:0")
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        p = tp.Pipeline()
-        losses = []
-        for _ in range(3):
-            x = torch.randn(16, 32).to("sim:0")
-            y = torch.randint(0, 10, (16,)).to("sim:0")
-            with tp.pipeline(p):
-                loss = nn.functional.cross_entropy(model(x), y)
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
-            losses.append(loss.item())
-        return losses, [w.detach().cpu() for w in model.parameters()]
-
-    ref_losses, ref_weights = synchronous(train)
-    sim.set_latency(launch_us=300)
-    losses, weights = train()
-    assert losses == ref_losses
-    assert all(torch.equal(a, b) for a, b in zip(ref_weights, weights))
-    assert sim.races() == []
+    _trains_as_synchronously(lambda: nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.LayerNorm(64),
+                                                   nn.Linear(64, 10)),
+                             batch=(16, 32), classes=10, steps=3, launch_us=300)
 
 
 def test_queued_results_have_the_layout_and_values_of_the_synchronous_run() -> None:
@@ -859,32 +867,11 @@ def test_queued_out_kernels_that_return_references_keep_their_arguments_alive() 
 
 def test_resnet18_trains_on_the_asynchronous_sim_as_on_the_synchronous_one() -> None:
     """torchvision's resnet18 (no weights), two SGD steps with momentum in a pipeline: the same
-    losses and weights, bit for bit, as the synchronous sim."""
+    losses, weights and batch-norm statistics, bit for bit, as the synchronous sim."""
     from _resnet import resnet18
 
-    def train() -> Tuple[List[float], List["torch.Tensor"]]:
-        torch.manual_seed(0)
-        model = resnet18(num_classes=10).to("sim:0")
-        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        p = tp.Pipeline()
-        losses = []
-        for _ in range(2):
-            x = torch.randn(2, 3, 32, 32).to("sim:0")
-            y = torch.randint(0, 10, (2,)).to("sim:0")
-            with tp.pipeline(p):
-                loss = torch.nn.functional.cross_entropy(model(x), y)
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
-            losses.append(loss.item())
-        return losses, [t.detach().cpu() for t in model.state_dict().values()]
-
-    ref_losses, ref_state = synchronous(train)
-    sim.set_latency(launch_us=50)
-    losses, state = train()
-    assert losses == ref_losses
-    assert all(torch.equal(a, b) for a, b in zip(ref_state, state))
-    assert sim.races() == []
+    _trains_as_synchronously(lambda: resnet18(num_classes=10), batch=(2, 3, 32, 32), classes=10,
+                             steps=2, launch_us=50)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64])
