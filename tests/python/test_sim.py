@@ -2,9 +2,8 @@
 
 Plain PyTorch programs (no torch_pipeline pipelines unless a test says so), each asserting the race
 checker's verdict both ways: the racy program is reported, the correctly synchronized one is not.
-Plus: ops on sim compute what they compute on the CPU (a hand-picked set; the whole OpInfo database is
-in test_sim_opinfo.py), and a
-1000-op program is checked in well under a second.
+Plus: ops on sim compute what they compute on the CPU (a hand-picked set; the whole OpInfo
+database is in test_sim_opinfo.py), and a 1000-op program is checked in well under a second.
 
 Enabling sim renames PyTorch's PrivateUse1 backend for the rest of the process and makes "sim"
 torch.accelerator's device, which other test files (that expect no accelerator on a CPU machine)
