@@ -6,8 +6,6 @@
 #include <pthread.h>
 
 #include <algorithm>
-#include <array>
-#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -241,32 +239,15 @@ const void* torchbind_target(const c10::IValue& v) {
 }
 
 const OpFacts& op_facts(const at::RecordFunction& fn) {
-  // Per thread, keyed by the name pointer: a direct-mapped table of recent names in front of a
-  // map of all (a step uses a few dozen operators: nearly every lookup hits the table, one
-  // thread-local access and no hashing).
-  struct Cache {
-    struct Slot {
-      const char* key = nullptr;
-      const OpFacts* facts = nullptr;
-    };
-    std::array<Slot, 256> slots;
-    std::unordered_map<const char*, const OpFacts*> all;
-  };
-  thread_local Cache cache;
+  thread_local std::unordered_map<const char*, const OpFacts*> cache;
   const char* key = fn.name();
-  Cache::Slot& slot = cache.slots[(reinterpret_cast<uintptr_t>(key) >> 4) & 255];
-  if (slot.key == key && same_op(*slot.facts, fn)) {
-    return *slot.facts;
-  }
-  auto it = cache.all.find(key);
-  if (it != cache.all.end() && same_op(*it->second, fn)) {
-    slot = Cache::Slot{key, it->second};
+  auto it = cache.find(key);
+  if (it != cache.end() && same_op(*it->second, fn)) {
     return *it->second;
   }
   const OpFacts& f = lookup_slow(fn);
   if (f.known) {
-    cache.all[key] = &f;
-    slot = Cache::Slot{key, &f};
+    cache[key] = &f;
   }
   return f;
 }

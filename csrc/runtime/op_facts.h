@@ -54,8 +54,7 @@ bool alias_is_write(const c10::AliasInfo* ai);
 const void* torchbind_target(const c10::IValue& v);
 
 // The facts of the op `fn` stands for (the tracker's hot path). Thread-safe; a hit costs a
-// thread-local direct-mapped table lookup keyed by the name pointer (a hash lookup when two
-// names share a slot).
+// thread-local hash lookup keyed by the name pointer.
 const OpFacts& op_facts(const at::RecordFunction& fn);
 // The facts of a dispatcher operator (the sim device's kernels). Thread-safe; a hit costs a
 // thread-local hash lookup keyed by the operator's entry.
