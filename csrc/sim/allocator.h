@@ -16,7 +16,6 @@
 
 #include "race_checker.h"
 
-#include <ATen/core/CachingHostAllocator.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/Device.h>
@@ -25,6 +24,10 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+namespace at {
+struct HostAllocator;  // ATen/core/CachingHostAllocator.h (included where it is used)
+}  // namespace at
 
 namespace torch_pipeline {
 namespace sim {
@@ -41,7 +44,6 @@ std::optional<c10::DeviceIndex> device_of(const void* ptr);
 // Host memory that pin_memory() and non_blocking copies to the host use: PrivateUse1's host
 // allocator (at::getHostAllocator), caching freed blocks for reuse like CUDA's (pinned.cpp).
 at::HostAllocator* host_allocator();
-c10::Allocator* pinned_allocator();  // the same
 // Whether `ptr` points into a block of the host allocator (live or cached).
 bool is_pinned(const void* ptr);
 

@@ -11,6 +11,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -82,7 +83,7 @@ struct SimHooks final : public at::PrivateUse1HooksInterface {
   }
 
   at::Allocator* getPinnedMemoryAllocator() const override {
-    return pinned_allocator();
+    return host_allocator();
   }
 
   bool hasPrimaryContext(c10::DeviceIndex device_index) const override {

@@ -167,10 +167,6 @@ at::HostAllocator* host_allocator() {
   return a;
 }
 
-c10::Allocator* pinned_allocator() {
-  return host_allocator();
-}
-
 bool is_pinned(const void* ptr) {
   const auto p = reinterpret_cast<uintptr_t>(ptr);
   std::lock_guard<std::mutex> lock(g_pinned_mutex);
