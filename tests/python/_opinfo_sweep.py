@@ -9,8 +9,8 @@ are compared bit for bit. A sample whose CPU results differ between two CPU runs
 
     python tests/python/_opinfo_sweep.py [--async] [--dtypes float32,float64] [--pipeline]
 
-The test module test_sim_opinfo.py runs it in both modes; EXCLUDED lists what is not compared, each
-with its reason.
+The test module test_sim_opinfo.py runs it in both modes. UNINITIALIZED, ADDRESS_DEPENDENT and
+DEVICE_BRANCHES below list what is compared less than bit for bit, each with its reason.
 """
 from __future__ import annotations
 
@@ -19,18 +19,14 @@ import contextlib
 import dataclasses
 import sys
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 DTYPES = (torch.float32, torch.float64, torch.int64, torch.bool, torch.bfloat16, torch.float16,
           torch.complex64)
 
-# Ops (OpInfo name, with ".variant") not compared, and why. Keep this list short: every entry is a
-# place where the sim cannot be the CPU's twin.
-EXCLUDED: Dict[str, str] = {
-    # The values are uninitialised memory: only shape and dtype are compared (see UNINITIALIZED).
-}
+# Keep the lists below short: every entry is a place where the sim is not the CPU's twin.
 # Results of these are uninitialised memory: only their shapes and dtypes are compared.
 UNINITIALIZED = {"empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided",
                  "empty_permuted", "torch.empty", "nn.functional.dropout"}
@@ -225,7 +221,7 @@ def sweep(dtypes: Sequence[torch.dtype] = DTYPES, asynchronous: bool = False, ma
     scope = (lambda: tp.pipeline(pipeline)) if pipeline is not None else contextlib.nullcontext
     for op in op_db:
         name = op.name + ("." + op.variant_test_name if op.variant_test_name else "")
-        if name in EXCLUDED or (ops is not None and name not in ops):
+        if ops is not None and name not in ops:
             continue
         for dtype in dtypes:
             if dtype not in op.supported_dtypes("cpu"):
