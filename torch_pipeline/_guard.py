@@ -51,14 +51,16 @@ def mismatch(built_torch: str, built_cuda: Optional[str], torch_version: str,
 
 def load_extension() -> ModuleType:
     """Imports and returns ``torch_pipeline._C``, or raises ImportError saying what to do."""
-    try:
-        build = importlib.import_module("torch_pipeline._build")
-    except ImportError:
-        build = None
-    if build is None and not _compiled_module_present():
+    # NB: both files must be in this directory, not merely importable: an editable install's
+    # finder (setuptools' __editable__ hook) resolves ``torch_pipeline._build`` and ``_C`` in the
+    # checkout it was installed from when a copy of the package without a build is imported.
+    if not _compiled_module_present():
         raise ImportError(
             f"torch_pipeline's compiled module (_C) is not built in {_HERE}: this is a source "
             f"tree without a build; {_BUILD_HINT}.")
+    build = None
+    if os.path.exists(os.path.join(_HERE, "_build.py")):
+        build = importlib.import_module("torch_pipeline._build")
     if build is not None:
         why = mismatch(build.TORCH_VERSION, build.CUDA_VERSION, torch.__version__,
                        torch.version.cuda)
