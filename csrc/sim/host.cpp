@@ -42,15 +42,17 @@ struct PendingHostAccess {
 std::mutex g_mutex;
 std::vector<PendingHostAccess>* g_pending = new std::vector<PendingHostAccess>();
 std::atomic<size_t> g_pending_count{0};
-std::optional<at::CallbackHandle> g_callback;  // installed while accesses are pending
+// Note [The host check's callback stays]: installed at the first pending access and never
+// removed (on_op_start returns at once while nothing is pending). Adding or removing a global
+// callback makes every thread re-read torch's callback registry under torch's lock at its next
+// op; a fork() during such a re-read copies that lock held and the child hangs at its first op
+// (docs/design.md, "Fork"). Removing it whenever the last access completed did that on every
+// non_blocking copy to the host, so a fork at any moment could hang the child.
+bool g_callback_installed = false;  // (g_mutex)
 
-// Publishes the count; uninstalls the callback when nothing is pending (g_mutex held).
+// Publishes the count (g_mutex held).
 void pending_changed_locked() {
   g_pending_count.store(g_pending->size(), std::memory_order_release);
-  if (g_pending->empty() && g_callback.has_value()) {
-    at::removeCallback(*g_callback);
-    g_callback.reset();
-  }
 }
 
 // Removes the complete accesses (g_mutex held).
@@ -156,10 +158,11 @@ void watch_async_host_accesses(Timeline t, const std::vector<Access>& accesses) 
   for (const Access& a : accesses) {
     g_pending->push_back(PendingHostAccess{a.begin, a.end, t, epoch});
   }
-  if (!g_callback.has_value()) {
-    g_callback = at::addGlobalCallback(at::RecordFunctionCallback(&on_op_start, &on_op_end)
-                                           .needsInputs(true)
-                                           .scopes({at::RecordScope::FUNCTION}));
+  if (!g_callback_installed) {
+    at::addGlobalCallback(at::RecordFunctionCallback(&on_op_start, &on_op_end)
+                              .needsInputs(true)
+                              .scopes({at::RecordScope::FUNCTION}));
+    g_callback_installed = true;
   }
   pending_changed_locked();
 }

@@ -60,8 +60,8 @@ void forget_history(void* ptr, size_t n) {
 
 void free_pinned(void* ctx) {
   auto* block = static_cast<PinnedBlock*>(ctx);
-  // Before the block can be handed out again, and without g_pinned_mutex (the host check's lock
-  // may be held across a RecordFunction callback's removal).
+  // Before the block can be handed out again, and without g_pinned_mutex: the host check's and
+  // the race checker's locks are taken here, and no lock nests under this one.
   forget_history(block->ptr, block->size);
   std::lock_guard<std::mutex> lock(g_pinned_mutex);
   g_stats.active_requests.decrease(1);

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="uses fork")
 _SCRIPT = """
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -52,6 +53,15 @@ def launch(p):
     e.record()
     e.synchronize()
     return p.submit(task)
+
+
+def stack_of(pid):
+    # Where a hung child is stuck, for the failure message (gdb, when the machine has it).
+    try:
+        return subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
+                              capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"(no stack: {e!r})"
 
 
 stop = threading.Event()
@@ -111,6 +121,7 @@ for i in range(FORKS):
             failed += os.waitstatus_to_exitcode(status) != 0
             break
         if time.monotonic() > deadline:
+            print("HUNG CHILD STACK", stack_of(pid), flush=True)
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
             hung += 1
