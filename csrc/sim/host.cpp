@@ -29,8 +29,11 @@ thread_local bool tls_in_sim_kernel = false;
 // around aten::_to_copy).
 thread_local int tls_depth = 0;
 
-// The marker on_op_start returns for an op it counted in tls_depth.
-struct Counted final : at::ObserverContext {};
+// The marker on_op_start returns for an op it counted in tls_depth, with the op's accesses of
+// pending memory. They are recorded at the op's end (Note [The host check records at the end]).
+struct Counted final : at::ObserverContext {
+  std::vector<Access> accesses;
+};
 
 struct PendingHostAccess {
   uintptr_t begin;
@@ -115,23 +118,34 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   if (std::any_of(inputs.begin(), inputs.end(), is_device_argument)) {
     return counted;
   }
-  std::vector<Access> accesses;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const bool w = i < facts.write.size() && facts.write[i] != 0;
-    for_each_tensor(inputs[i], [&](const at::Tensor& t) { check_host_tensor(t, w, accesses); });
-  }
-  if (!accesses.empty()) {
-    try {
-      State::get().checker().record_op(kHost, std::string(fn.name()) + " (host)", accesses);
-    } catch (...) {
-    }
+    for_each_tensor(inputs[i], [&](const at::Tensor& t) {
+      check_host_tensor(t, w, counted->accesses);
+    });
   }
   return counted;
 }
 
-void on_op_end(const at::RecordFunction&, at::ObserverContext* ctx) {
-  if (ctx != nullptr) {
-    --tls_depth;
+// Note [The host check records at the end]: the accesses found at the op's start are recorded
+// at its end, against the host's clock then. Between the two run the other callbacks' starts,
+// among them the tracker's, which makes the host wait for the pending copies the op touches. The
+// order of RecordFunction callbacks is the order they were added in, which this check cannot
+// choose (its callback stays, Note [The host check's callback stays]; the tracker's comes and
+// goes with its pipelines), so recording at the start saw the copy incomplete whenever this
+// callback was the earlier one. The op's own kernel runs on the host and waits for no stream.
+void on_op_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
+  if (ctx == nullptr) {
+    return;
+  }
+  --tls_depth;
+  auto* counted = static_cast<Counted*>(ctx);
+  if (!counted->accesses.empty()) {
+    try {
+      State::get().checker().record_op(kHost, std::string(fn.name()) + " (host)",
+                                       counted->accesses);
+    } catch (...) {
+    }
   }
 }
 

@@ -372,6 +372,40 @@ def test_non_blocking_copy_into_existing_pinned_memory() -> None:
     assert sim.races() == []
 
 
+_HOST_CHECK_FIRST = """
+import torch
+import torch_pipeline as tp
+import torch_pipeline.sim as sim
+
+sim.enable(num_devices=1)
+x = torch.full((4096,), 3.0, device="sim:0")
+early = x.to("cpu", non_blocking=True)   # no pipeline yet: the host check's callback comes first
+sim.synchronize()
+assert early.sum().item() == 3.0 * 4096
+p = tp.Pipeline()                        # the tracker's callback is added after it
+for _ in range(20):
+    with tp.pipeline(p):
+        host = (x * 2).to("cpu", non_blocking=True)
+    assert host.sum().item() == 6.0 * 4096   # the tracker waits for the copy, then the read
+print("RACES", len(sim.races()))
+"""
+
+
+def test_host_reads_are_checked_after_the_trackers_wait_whatever_the_callback_order() -> None:
+    """The sim's host check added its callback before the tracker's (a non_blocking copy to the
+    host before the first pipeline): the CPU reads the tracker orders after the copy are still no
+    races (Note [The host check records at the end])."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_PIPELINE_")}
+    proc = subprocess.run([sys.executable, "-c", _HOST_CHECK_FIRST], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "RACES 0" in proc.stdout, proc.stdout + proc.stderr
+
+
 def free_after_cross_stream_use(p: "tp.Pipeline") -> None:
     x = ones()                 # allocated on the default stream
     with tp.pipeline(p):
