@@ -8,6 +8,12 @@
 // gives AutogradPrivateUse1 the decomposition (silu_backward through sigmoid: 1 ulp off the CPU's
 // fused kernel); with one, sim takes the CPU's path, autograd formula and kernel.
 //
+// Two structured ops reach their out= kernel through CompositeExplicitAutogradNonFunctional with
+// the reduced output, which that kernel's TensorIterator resizes to the elementwise loss first:
+// correct values, but a deprecation warning ("An output with one or more elements was resized")
+// that the CPU's own functional kernel never gives. Sim runs their CPU functional kernel instead
+// (kWarnsThroughOut).
+//
 // scaled_dot_product_attention (a composite) picks its kernel by asking a per-device stub, which
 // has no entry for PrivateUse1, so it would run the unfused math kernel; sim's entry answers what
 // the CPU's does (the flash kernel for CPU where it applies), and that kernel runs by the fallback.
@@ -24,7 +30,14 @@
 namespace torch_pipeline {
 namespace sim {
 
+namespace {
+constexpr const char* kWarnsThroughOut[] = {"mse_loss", "smooth_l1_loss"};
+}  // namespace
+
 void register_cpu_kernels_over_composites(torch::Library& aten) {
+  for (const char* name : kWarnsThroughOut) {
+    aten.impl(name, torch::CppFunction::makeFromBoxedFunction<&sim_fallback>());
+  }
   auto& dispatcher = c10::Dispatcher::singleton();
   for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
     if (name.name.rfind("aten::", 0) != 0) {

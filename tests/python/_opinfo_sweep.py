@@ -4,7 +4,8 @@ For every op and variant, every dtype of ``DTYPES`` the op supports on the CPU, 
 ``max_samples`` of its samples: the sample is made on sim, a CPU twin of it is made with the same
 storage layout, and the op's results, the gradients of its outputs (``backward``, where OpInfo says
 the op supports autograd) and the tangents of its outputs (``forward_ad``, where OpInfo says so)
-are compared bit for bit. A sample whose CPU results differ between two CPU runs is not compared
+are compared bit for bit, and the op may warn on sim only where it warns on the CPU (``warns``:
+a warning the CPU run does not give). A sample whose CPU results differ between two CPU runs is not compared
 (the CPU is not reproducible on it: nondeterministic kernels). Run as a script for the numbers:
 
     python tests/python/_opinfo_sweep.py [--async] [--dtypes float32,float64] [--pipeline]
@@ -19,6 +20,7 @@ import contextlib
 import dataclasses
 import sys
 import time
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -63,6 +65,7 @@ class Report:
     not_reproducible: int = 0  # samples skipped: the CPU differs from itself
     differ: Dict[str, str] = dataclasses.field(default_factory=dict)     # sim != CPU
     sim_only: Dict[str, str] = dataclasses.field(default_factory=dict)   # fails on sim only
+    warns: Dict[str, str] = dataclasses.field(default_factory=dict)  # warns on sim only
     races: int = 0
     seconds: float = 0.0
     branches: Dict[str, float] = dataclasses.field(default_factory=dict)  # DEVICE_BRANCHES: max diff
@@ -71,7 +74,7 @@ class Report:
         return (f"[sim] OpInfo sweep, {self.mode}: {self.pairs} op x dtype pairs, {self.samples} "
                 f"samples ({self.backward} with gradients, {self.forward_ad} with tangents), "
                 f"{self.not_reproducible} not reproducible on the CPU; {len(self.differ)} differ, "
-                f"{len(self.sim_only)} fail on sim only, {self.races} races, {self.seconds:.0f} s")
+                f"{len(self.sim_only)} fail on sim only, {len(self.warns)} warn on sim only, {self.races} races, {self.seconds:.0f} s")
 
 
 def _tree(x: Any) -> Tuple[List[Any], Any]:
@@ -249,7 +252,9 @@ def sweep(dtypes: Sequence[torch.dtype] = DTYPES, asynchronous: bool = False, ma
                     whats.append("forward_ad")
                 for what in whats:
                     try:
-                        expected = _run(op, ref, what)
+                        with warnings.catch_warnings(record=True) as cpu_warnings:
+                            warnings.simplefilter("always")
+                            expected = _run(op, ref, what)
                         if what == "forward" and any(
                                 isinstance(t, torch.Tensor) and t.layout != torch.strided
                                 for t in _tree(expected)[0]):
@@ -263,12 +268,17 @@ def sweep(dtypes: Sequence[torch.dtype] = DTYPES, asynchronous: bool = False, ma
                         report.not_reproducible += 1
                         continue
                     try:
-                        with scope():
+                        with scope(), warnings.catch_warnings(record=True) as sim_warnings:
+                            warnings.simplefilter("always")
                             got = _run(op, s, what)
                     except Exception as e:  # noqa: BLE001
                         report.sim_only[f"{key} {what}"] = \
                             f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
                         break
+                    extra = {str(w.message) for w in sim_warnings} - \
+                        {str(w.message) for w in cpu_warnings}
+                    if extra:
+                        report.warns[f"{key} {what}"] = sorted(extra)[0][:300]
                     if name in DEVICE_BRANCHES and what in DEVICE_BRANCHES[name][0]:
                         try:
                             torch.testing.assert_close(got, expected, equal_nan=True,

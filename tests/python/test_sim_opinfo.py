@@ -3,9 +3,9 @@
 Every OpInfo op and variant of ``op_db``, for float32, float64, int64, bool, bfloat16, float16 and
 complex64, up to three samples each: results, gradients (where OpInfo says the op supports
 autograd) and forward-mode tangents (where it supports forward AD; not for the half types) on sim
-equal the CPU's bit for bit, in synchronous and asynchronous mode, with no race; and again with
-every op inside ``with tp.pipeline(p)``, automatic synchronization ordering it against the
-sample's producers and the CPU reads. The sweep and its list of exclusions (each with its reason)
+equal the CPU's bit for bit, in synchronous and asynchronous mode, with no race and no warning
+the CPU does not give; and again with every op inside ``with tp.pipeline(p)``, automatic
+synchronization ordering it against the sample's producers and the CPU reads. The sweep and its list of exclusions (each with its reason)
 are in _opinfo_sweep.py; ``python tests/python/_opinfo_sweep.py --async`` prints the numbers.
 
 Runs in a child process of its own (see _sim_child.py): enabling sim is process-wide.
@@ -57,7 +57,8 @@ def _check(report: "Report", group: str, capsys: pytest.CaptureFixture[str]) -> 
     with capsys.disabled():
         print(f"\n{report.line()} [{group}]")
     problems = {**{f"differ: {k}": v for k, v in report.differ.items()},
-                **{f"fails on sim only: {k}": v for k, v in report.sim_only.items()}}
+                **{f"fails on sim only: {k}": v for k, v in report.sim_only.items()},
+                **{f"warns on sim only: {k}": v for k, v in report.warns.items()}}
     assert not problems, "\n".join(f"{k}: {v}" for k, v in sorted(problems.items()))
     assert report.races == 0
     assert report.pairs >= MIN_PAIRS[group], report.line()
