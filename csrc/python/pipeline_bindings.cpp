@@ -128,7 +128,7 @@ A long-lived worker thread of torch_pipeline's capped pool. Get one with get_wor
   py::class_<PipelineImpl, PipelinePtr>(m, "Pipeline", R"doc(
 A cross-device lane of streams bound to a worker thread (like torch.cuda.Stream, on every device).
 
-Pipeline(worker_thread=None, *, priority=0): worker_thread is a WorkerThread, its id, or None
+``Pipeline(worker_thread=None, *, priority=0)``: worker_thread is a WorkerThread, its id, or None
 (worker thread 0); priority as for torch.cuda.Stream (lower is higher). ``id`` is the pipeline's
 slot among the live pipelines of its (worker thread, priority): lifetime-disjoint pipelines reuse
 the smallest free slot and its streams. In a process forked from the one that created it, every
@@ -231,7 +231,7 @@ this thread. On CUDA the result is a ``torch.cuda.Stream``.
         py::tuple rest = py::reinterpret_steal<py::tuple>(PyTuple_GetSlice(args.ptr(), 1, args.size()));
         note_distributed_use();
         return submit(p, std::move(fn), std::move(rest), std::move(kwargs));
-      }, Warnings(), "Runs fn(*args, **kwargs) on this pipeline's worker thread, under this "
+      }, Warnings(), "Runs ``fn(*args, **kwargs)`` on this pipeline's worker thread, under this "
          "pipeline; returns a TaskFuture.")
       .def("__enter__", [](py::object self) {
         enter_pipeline(py::cast<PipelinePtr>(self));
