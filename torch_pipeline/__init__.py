@@ -16,8 +16,8 @@ the same streams; live pipelines never share one (with the CUDA build). The API 
 
 The package is a thin layer over the compiled ``torch_pipeline._C`` (pipelines, events, worker
 threads; see ``_C.pyi``) with small modules for the rest: ``_tasks`` (TaskFuture), ``_decorators``
-(``pipelined``), ``_collectives`` (``collective``, ``comm_stream``), ``_tracking`` (``track``, ``tracking_stats``),
-``_exit`` (the interpreter-exit drain). Importing it changes nothing in torch.
+(``pipelined``), ``_collectives`` (``collective``, ``comm_stream``), ``_tracking`` (``track``,
+``tracking_stats``), ``_exit`` (the interpreter-exit drain). Importing it changes nothing in torch.
 ``python -m torch_pipeline`` prints what is installed and what it sees (for bug reports).
 """
 from __future__ import annotations
@@ -28,7 +28,13 @@ import torch  # noqa: F401  (loads the libraries _C links against)
 
 from ._guard import load_extension
 
-_C = load_extension()  # an ImportError that says what to do when _C is missing or mismatched
+load_extension()  # an ImportError that says what to do when _C is missing or mismatched
+from . import _C as _C  # the compiled module, loaded above
+from . import (
+    _compiled,  # noqa: F401  (tracks torch.compile's regions as ops)
+    _exit,  # noqa: F401  (registers the interpreter-exit handler)
+    _graphs,  # noqa: F401  (graph capture: hooks installed at the first Pipeline)
+)
 from ._C import (
     Pipeline,
     PipelineEvent,
@@ -42,16 +48,12 @@ from ._C import (
     set_pipeline,
     synchronize,
 )
-from . import _compiled  # noqa: F401  (tracks torch.compile's regions as ops)
-from . import _exit  # noqa: F401  (registers the interpreter-exit handler)
-from . import _graphs  # noqa: F401  (graph capture: hooks installed at the first Pipeline)
 from ._collectives import collective, comm_stream
 from ._decorators import pipelined
 from ._lanes import carry, item_async, offload, prefetch
 from ._tasks import TaskFuture
 from ._tracking import track, tracking_stats
-
-from ._version import __version__
+from ._version import __version__ as __version__
 
 __all__ = [
     "Pipeline",

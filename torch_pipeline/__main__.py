@@ -73,7 +73,8 @@ def report() -> Tuple[List[Tuple[str, str]], bool]:
     built = str(build["torch"])
     if not torch.__version__.startswith(built):
         rows.append(("warning", f"built against torch {built} but running torch "
-                                f"{torch.__version__}: rebuild (pip install --no-build-isolation .)"))
+                                f"{torch.__version__}: rebuild "
+                                f"(pip install --no-build-isolation .)"))
     rows += _devices()
     ok = True
     for name, read in (

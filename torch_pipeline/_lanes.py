@@ -8,15 +8,28 @@ import collections
 import os
 import threading
 import weakref
-from typing import (Any, Callable, Deque, Dict, Generic, Iterable, Iterator, List, Optional, Tuple,
-                    TypeVar, Union, overload)
+from typing import (
+    Any,
+    Callable,
+    Deque,
+    Dict,
+    Generic,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Tuple,
+    TypeVar,
+    Union,
+    overload,
+)
 
 import torch
 import torch.futures
 from torch.utils._pytree import tree_flatten, tree_map
 
 from . import _C
-from ._C import Pipeline, PipelineEvent, current_pipeline, pipeline
+from ._C import Pipeline, PipelineEvent, current_pipeline
 from ._tracking import track
 
 __all__ = ["carry", "item_async", "offload", "prefetch"]
@@ -347,7 +360,10 @@ class offload:
         index = saved.index
         self._count += 1
         # (an entry goes when its graph frees it)
-        self._saved[index] = weakref.ref(saved, lambda _, i=index: self._saved.pop(i, None))
+        def forget(_: "weakref.ReferenceType[_Offloaded]", i: int = index) -> None:
+            self._saved.pop(i, None)
+
+        self._saved[index] = weakref.ref(saved, forget)
         return saved
 
     def _bound(self, lane: Pipeline, nbytes: int) -> None:

@@ -242,7 +242,7 @@ def is_enabled() -> bool:
     return bool(_C._sim_enabled())
 
 
-def races() -> List[Race]:
+def races() -> List[_C.SimRace]:
     """The races detected since the last :func:`clear_races`, oldest first.
 
         >>> for race in sim.races():
@@ -326,7 +326,8 @@ def empty_host_cache() -> None:
     _C._sim_empty_host_cache()
 
 
-def raw_kernel(name: str, read: Sequence[torch.Tensor] = (), write: Sequence[torch.Tensor] = ()) -> None:
+def raw_kernel(name: str, read: Sequence[torch.Tensor] = (),
+               write: Sequence[torch.Tensor] = ()) -> None:
     """Stands in for a kernel the dispatcher never sees (a raw launch on data pointers): checks and
     records its accesses of the sim tensors ``read`` and ``write`` on the current stream of their
     device, like an op's (strict mode raises :class:`RaceError`). Values are left as they are.
@@ -442,10 +443,10 @@ def manual_seed(seed: int) -> None:
 
 # ---- torch.compile ----------------------------------------------------------------------------
 _COMPILE_REFUSAL = (
-    "torch.compile's default backend (inductor) cannot generate code for the sim device: its kernels "
-    "would touch sim memory outside the dispatcher, unseen by the race checker. Compile with "
-    "torch.compile(..., backend='aot_eager') (or 'eager'), which runs the traced graph op by op on "
-    "sim, checked like eager code."
+    "torch.compile's default backend (inductor) cannot generate code for the sim device: its "
+    "kernels would touch sim memory outside the dispatcher, unseen by the race checker. Compile "
+    "with torch.compile(..., backend='aot_eager') (or 'eager'), which runs the traced graph op by "
+    "op on sim, checked like eager code."
 )
 _INDUCTOR_HOOKS = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "WrapperFxCodegen")
 

@@ -11,7 +11,8 @@ capture touched; :meth:`Graph.replay` is one op on the current stream touching e
 capture touched, race-checked against the rest of the program. The twin has no private memory
 pool: capture each graph on a stream of its own (the default) and keep the tensors it uses.
 
-Graphs go through the same tracker hooks as ``torch.cuda.CUDAGraph`` (``torch_pipeline/_graphs.py``).
+Graphs go through the same tracker hooks as ``torch.cuda.CUDAGraph``
+(``torch_pipeline/_graphs.py``).
 """
 from __future__ import annotations
 

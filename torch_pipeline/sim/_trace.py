@@ -43,7 +43,8 @@ class trace:
 
     def __enter__(self) -> "trace":
         if not _C._sim_enabled():
-            raise RuntimeError("sim.trace needs the sim device: call torch_pipeline.sim.enable() first")
+            raise RuntimeError(
+                "sim.trace needs the sim device: call torch_pipeline.sim.enable() first")
         self._start_ns = _C._sim_trace_now_ns()
         _C._sim_trace_start()
         return self
