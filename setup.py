@@ -9,6 +9,7 @@ choice. The build prints what it chose.
 """
 import glob
 import os
+import re
 import sys
 
 from setuptools import find_packages, setup
@@ -23,6 +24,24 @@ except ImportError:  # pragma: no cover - a build-time message
     )
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _version() -> str:
+    """torch_pipeline/_version.py's version; with TORCH_PIPELINE_LOCAL_VERSION (a wheel build,
+    scripts/build_wheel.sh) plus that local part, e.g. 0.1.0+torch2.13cpu."""
+    with open(os.path.join(ROOT, "torch_pipeline", "_version.py")) as f:
+        version = re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
+    local = os.environ.get("TORCH_PIPELINE_LOCAL_VERSION", "")
+    return f"{version}+{local}" if local else version
+
+
+def _requirements() -> list:
+    """A wheel pins the torch minor release it was built against (its C++ ABI is torch's); a source
+    build needs only a torch it can build against."""
+    if not os.environ.get("TORCH_PIPELINE_LOCAL_VERSION"):
+        return ["torch>=2.8"]
+    major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    return [f"torch>={major}.{minor},<{major}.{minor + 1}"]
 
 
 def _sources(*patterns: str) -> list:
@@ -76,14 +95,19 @@ with open(os.path.join(ROOT, "torch_pipeline", "_build.py"), "w") as f:
     f.write(f"CUDA_VERSION = {torch.version.cuda if with_cuda else None!r}\n")
 
 extra_cxx = ["-O2", "-Wall", "-Wno-unused-parameter", "-fvisibility=hidden"]
+# A wheel ships without debug information (80 MB of the module's 85 with it).
+extra_link = ["-Wl,--strip-debug"] if os.environ.get("TORCH_PIPELINE_LOCAL_VERSION") else []
 ext = extension_class(
     name="torch_pipeline._C",
     sources=sources,
     define_macros=define_macros,
     extra_compile_args={"cxx": extra_cxx} if with_cuda else extra_cxx,
+    extra_link_args=extra_link,
 )
 
 setup(
+    version=_version(),
+    install_requires=_requirements(),
     packages=find_packages(include=["torch_pipeline", "torch_pipeline.*", "oneflow_pipeline"]),
     package_data={"torch_pipeline": ["py.typed", "*.pyi"]},
     ext_modules=[ext],
