@@ -42,6 +42,21 @@ def then_read_on(p: "tp.Pipeline", t: torch.Tensor) -> torch.Tensor:
         return (t * 1).cpu()
 
 
+def clean_tracked_racing_untracked(program: Callable[[int], Callable[[], None]], from_idle: bool,
+                                   why: str) -> None:
+    """program(20) runs clean in strict mode (from idle tracking when ``from_idle``: no pipeline
+    alive before it); program(3) untracked races (``why`` says what)."""
+    if from_idle:
+        assert_idle()
+    program(20)()
+    assert sim.races() == []
+    if from_idle:
+        assert_idle()
+    with untracked():
+        program(3)()
+        assert sim.races(), why
+
+
 # ---- a thread that ran sim ops before the first pipeline -------------------------------------------
 def thread_from_before(rounds: int) -> Callable[[], None]:
     def program() -> None:
@@ -82,13 +97,8 @@ def thread_from_before(rounds: int) -> Callable[[], None]:
 
 
 def test_a_thread_running_before_the_first_pipeline_is_observed() -> None:
-    assert_idle()
-    thread_from_before(20)()
-    assert sim.races() == []
-    assert_idle()
-    with untracked():
-        thread_from_before(3)()
-        assert sim.races(), "untracked, the thread's read of p's write must race"
+    clean_tracked_racing_untracked(thread_from_before, True,
+                                   "untracked, the thread's read of p's write must race")
 
 
 # ---- a concurrent.futures pool made before the first pipeline --------------------------------------
@@ -112,13 +122,8 @@ def pool_from_before(rounds: int) -> Callable[[], None]:
 
 
 def test_a_concurrent_futures_pool_made_before_the_first_pipeline_is_observed() -> None:
-    assert_idle()
-    pool_from_before(20)()
-    assert sim.races() == []
-    assert_idle()
-    with untracked():
-        pool_from_before(3)()
-        assert sim.races(), "untracked, the pool threads' reads of p's writes must race"
+    clean_tracked_racing_untracked(pool_from_before, True,
+                                   "untracked, the pool threads' reads of p's writes must race")
 
 
 # ---- a threading.Thread started inside `with p:` ---------------------------------------------------
@@ -154,11 +159,8 @@ def thread_inside_pipeline(rounds: int) -> Callable[[], None]:
 
 
 def test_a_thread_started_inside_a_pipeline_context_is_observed() -> None:
-    thread_inside_pipeline(20)()
-    assert sim.races() == []
-    with untracked():
-        thread_inside_pipeline(3)()
-        assert sim.races(), "untracked, the thread's read of p's write must race"
+    clean_tracked_racing_untracked(thread_inside_pipeline, False,
+                                   "untracked, the thread's read of p's write must race")
 
 
 install_proxies(globals(), __file__)
