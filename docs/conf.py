@@ -8,7 +8,7 @@ import torch_pipeline
 project = "torch_pipeline"
 release = torch_pipeline.__version__
 version = release
-extensions = ["sphinx.ext.autodoc", "sphinx.ext.napoleon", "sphinx.ext.intersphinx"]
+extensions = ["sphinx.ext.autodoc", "sphinx.ext.napoleon"]
 source_suffix = {".rst": "restructuredtext"}
 exclude_patterns = ["_build", "*.md"]
 autodoc_member_order = "bysource"
@@ -16,7 +16,5 @@ autodoc_default_options = {"members": True, "undoc-members": False, "show-inheri
 autodoc_typehints = "description"
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
-intersphinx_mapping: dict = {}
 html_theme = "alabaster"
-nitpicky = False
 
