@@ -18,18 +18,25 @@ StreamQueue::~StreamQueue() {
 uint64_t StreamQueue::enqueue(Work work, std::chrono::nanoseconds min_duration) {
   destroy_finished();
   uint64_t seq = 0;
+  std::thread exited;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back(Entry{std::move(work), min_duration});
     seq = enqueued_.load(std::memory_order_relaxed) + 1;
     enqueued_.store(seq, std::memory_order_release);
     stopping_ = false;  // a shutdown() in progress leaves the thread running
+    if (exited_) {
+      exited = std::move(thread_);  // Note [An enqueue after the loop exited]
+    }
     if (!thread_.joinable()) {
       exited_ = false;
       thread_ = std::thread([this] { loop(); });
     }
   }
   work_cv_.notify_one();
+  if (exited.joinable()) {
+    exited.join();  // it has left its loop and never takes the lock again
+  }
   return seq;
 }
 
@@ -50,6 +57,13 @@ void StreamQueue::wait(uint64_t seq, bool collect) {
   }
 }
 
+// Note [An enqueue after the loop exited]
+// The thread leaves its loop when it is stopping and the queue is empty, and shutdown() takes it
+// to join only when it next holds the lock. An enqueue in between finds the thread joinable but
+// gone: it must start a new one, or its entry stays queued with no thread and every wait for it
+// hangs. (The sim's exit shuts the queues down while daemon threads still launch kernels: that
+// hung a child in the exit tests.) The new thread cancels the stop, as any enqueue during a
+// shutdown does; shutdown() then returns without joining.
 void StreamQueue::shutdown() {
   std::thread thread;
   {

@@ -104,6 +104,26 @@ TEST(StreamQueue, ShutdownDrainsJoinsAndALaterEnqueueRestarts) {
   EXPECT_TRUE(q.running());
 }
 
+// An enqueue that lands after the thread left its loop (queue empty, stopping) but before
+// shutdown() took the thread to join it: the entry must still run, on a new thread. (It was left
+// queued with no thread to run it, and every wait for it hung: the sim's exit, which shuts the
+// queues down while daemon threads still launch kernels.)
+TEST(StreamQueue, AnEnqueueRacingShutdownStillRuns) {
+  StreamQueue q;
+  for (int i = 0; i < 10000; ++i) {
+    q.wait(q.enqueue([] {}));
+    std::thread stopper([&] { q.shutdown(); });
+    const uint64_t seq = q.enqueue([] {});
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (!q.reached(seq) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(50us);
+    }
+    stopper.join();
+    ASSERT_TRUE(q.reached(seq)) << "entry " << seq << " of round " << i
+                                << " never ran: it was queued with no thread";
+  }
+}
+
 TEST(StreamQueue, ABaseContinuesTheNumbering) {
   StreamQueue q(10);
   EXPECT_TRUE(q.reached(10));

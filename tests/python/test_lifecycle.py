@@ -300,19 +300,39 @@ def child(run: int) -> None:
     sys.exit(10 + run)
 
 
+def stack_of(pid: int) -> str:
+    # Where a hung child is stuck, for the failure message (gdb, when the machine has it).
+    import subprocess
+    try:
+        return subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
+                              capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"(no stack: {e!r})"
+
+
 # Each run is a forked child that goes through interpreter exit: cheaper than a fresh interpreter,
-# and cheaper still with the imports frozen out of the collector; four run at a time.
+# and cheaper still with the imports frozen out of the collector; four run at a time. A child
+# still there after 30 s is hung: its stack goes to stderr and it is killed.
 gc.freeze()
 running = {}
 for run in range(RUNS):
     pid = os.fork()
     if pid == 0:
         child(run)
-    running[pid] = run
+    running[pid] = (run, time.monotonic())
     if len(running) == 4 or run == RUNS - 1:
         while running:
-            pid, status = os.wait()
-            print("RUN", running.pop(pid), os.waitstatus_to_exitcode(status), flush=True)
+            for pid, (r, started) in list(running.items()):
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    print("RUN", r, os.waitstatus_to_exitcode(status), flush=True)
+                    del running[pid]
+                elif time.monotonic() - started > 30:
+                    print(f"HUNG run {r}:", stack_of(pid)[-20000:], file=sys.stderr, flush=True)
+                    os.kill(pid, 9)
+                    os.waitpid(pid, 0)
+                    del running[pid]
+            time.sleep(0.005)
 """
 
 
@@ -326,8 +346,9 @@ def test_exit_with_daemon_threads_in_torch_pipeline_calls(ops: str) -> None:
     destructor, Note [threads at exit] in csrc/python/gil.cpp)."""
     runs = 20
     proc = subprocess.run([sys.executable, "-c", _DAEMONS_AT_EXIT, str(runs), ops],
-                          capture_output=True, text=True, timeout=120, env=_child_env())
+                          capture_output=True, text=True, timeout=240, env=_child_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "HUNG" not in proc.stderr, proc.stderr[-20000:]
     lines = _lines(proc.stdout)
     codes = {int(l.split()[1]): int(l.split()[2]) for l in lines if l.startswith("RUN")}
     assert codes == {run: 10 + run for run in range(runs)}, (codes, proc.stderr[-3000:])
