@@ -196,7 +196,8 @@ class CaptureLedger {
   // the graph's lifetime when `keep` (host memory a captured copy writes at every replay).
   // Returns whether it was newly kept.
   template <typename MakeWeak, typename MakeStrong>
-  bool born(uintptr_t key, StreamId home, bool keep, MakeWeak&& make_weak, MakeStrong&& make_strong) {
+  bool born(uintptr_t key, StreamId home, bool keep, MakeWeak&& make_weak,
+            MakeStrong&& make_strong) {
     Touched& t = touch(key, make_weak);
     if (!t.strong.has_value()) {
       t.home = home;  // (a storage the capture used before, now dead, at this address: reborn)

@@ -98,8 +98,8 @@ uint32_t DependencyTracker::checked_index(const Position& p, const char* what) {
   if (p.seq > launched || it == stream_index_.end()) {  // (callers handle seq 0 themselves)
     throw std::invalid_argument(std::string("torch_pipeline: ") + what + " names stream " +
                                 std::to_string(p.stream) + " @ " + std::to_string(p.seq) +
-                                ", but that stream has launched only " +
-                                std::to_string(launched) + " ops");
+                                ", but that stream has launched only " + std::to_string(launched) +
+                                " ops");
   }
   return it->second;
 }
@@ -177,8 +177,8 @@ DependencyTracker::Launch DependencyTracker::launch(StreamId stream,
   for (const StorageId s : writes_) {
     StorageState& state = storages_[s];
     write_states_.push_back(&state);
-    consider(self, st, state.writer);                           // write after write
-    for (const Op& r : state.readers) consider(self, st, r);    // write after read
+    consider(self, st, state.writer);                         // write after write
+    for (const Op& r : state.readers) consider(self, st, r);  // write after read
   }
   for (const StorageId s : reads_) {
     StorageState& state = storages_[s];

@@ -189,14 +189,15 @@ class DependencyTracker {
     std::vector<Use> uses;    // since forgotten, at most one per stream (the latest)
   };
   struct HistoryEntry {
-    uint64_t first_seq;  // the clock holds for ops first_seq, first_seq + 1, ... up to the next entry
+    uint64_t
+        first_seq;  // the clock holds for ops first_seq, first_seq + 1, ... up to the next entry
     ClockPtr clock;
   };
   struct StreamState {
     StreamId id = 0;
-    uint64_t seq = 0;             // ops launched so far
-    Clock clock;                  // what the next op is ordered after (own entry: seq)
-    bool clock_changed = true;    // clock differs from history.back()
+    uint64_t seq = 0;           // ops launched so far
+    Clock clock;                // what the next op is ordered after (own entry: seq)
+    bool clock_changed = true;  // clock differs from history.back()
     std::deque<HistoryEntry> history;
   };
   // A position's clock: `base` (may be null: nothing), with the own entry raised to `seq`.
@@ -216,11 +217,11 @@ class DependencyTracker {
   // join(), with the own entry of the view's stream capped at `own_reach`.
   static bool join_capped(Clock& into, const ClockView& v, uint64_t own_reach);
 
-  uint32_t index_of(StreamId id);                 // creates the stream's state on first use
+  uint32_t index_of(StreamId id);  // creates the stream's state on first use
   const StreamState* find_stream(StreamId id) const;
   uint32_t checked_index(const Position& p, const char* what);  // validates p.seq > 0 positions
-  ClockView clock_at(uint32_t stream, uint64_t seq) const;       // from history
-  Op op_at(uint32_t stream, uint64_t seq) const;                 // same, as a shared snapshot
+  ClockView clock_at(uint32_t stream, uint64_t seq) const;      // from history
+  Op op_at(uint32_t stream, uint64_t seq) const;                // same, as a shared snapshot
   void prune_history(uint32_t stream);
   bool covered(const StreamState& st, uint32_t stream, uint64_t seq) const;
   void consider(uint32_t self, const StreamState& st, const Op& op);

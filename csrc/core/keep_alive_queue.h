@@ -18,13 +18,14 @@ namespace core {
 template <typename T>
 class KeepAliveQueue {
  public:
-  static constexpr uint32_t kRequery = 8;  // polls before a label found not complete is queried again
+  static constexpr uint32_t kRequery =
+      8;  // polls before a label found not complete is queried again
 
   // Keeps `item` until position `seq` is complete (threads finish out of order: kept sorted).
   void add(uint64_t seq, T item) {
-    const auto at = std::upper_bound(
-        items_.begin(), items_.end(), seq,
-        [](uint64_t s, const std::pair<uint64_t, T>& x) { return s < x.first; });
+    const auto at =
+        std::upper_bound(items_.begin(), items_.end(), seq,
+                         [](uint64_t s, const std::pair<uint64_t, T>& x) { return s < x.first; });
     items_.emplace(at, seq, std::move(item));
   }
   // Positions up to `seq` are complete.
@@ -61,8 +62,8 @@ class KeepAliveQueue {
     if (n != 0) items_.erase(std::move(it, items_.end(), keep), items_.end());
     return n;
   }
-  // Moves every item to `out` (f(seq, item&) first, e.g. to hand it to the allocator); returns how many.
-  // Calls f(seq, item) for each item kept (oldest first), leaving them kept.
+  // Moves every item to `out` (f(seq, item&) first, e.g. to hand it to the allocator); returns how
+  // many. Calls f(seq, item) for each item kept (oldest first), leaving them kept.
   template <typename F>
   void for_each(F&& f) const {
     for (const auto& [seq, item] : items_) f(seq, item);

@@ -9,9 +9,7 @@ namespace core {
 
 LiveSwitch::LiveSwitch(Actions actions) : actions_(std::move(actions)), sync_(new Sync()) {}
 
-LiveSwitch::~LiveSwitch() {
-  delete sync_;
-}
+LiveSwitch::~LiveSwitch() { delete sync_; }
 
 void LiveSwitch::update(bool settle, const Wait& wait) {
   std::unique_lock<std::mutex> lock(sync_->mutex);

@@ -24,8 +24,8 @@ namespace core {
 class LiveSwitch {
  public:
   struct Actions {
-    std::function<bool()> wanted;    // whether the state should be live now (lock-free reads)
-    std::function<void()> go_live;   // idle -> live
+    std::function<bool()> wanted;   // whether the state should be live now (lock-free reads)
+    std::function<void()> go_live;  // idle -> live
     // live -> idle; false: not now (the state stays live and this switch stops: whatever refused
     // must update() again once it no longer does)
     std::function<bool()> go_idle;
@@ -60,11 +60,11 @@ class LiveSwitch {
     std::condition_variable cv;
   };
   Actions actions_;
-  Sync* sync_;                // replaced after fork
-  bool live_ = false;         // guarded by sync_->mutex
-  bool busy_ = false;         // a thread is switching
-  uint64_t requested_ = 0;    // update() calls so far
-  uint64_t checked_ = 0;      // the requests a finished check has seen
+  Sync* sync_;              // replaced after fork
+  bool live_ = false;       // guarded by sync_->mutex
+  bool busy_ = false;       // a thread is switching
+  uint64_t requested_ = 0;  // update() calls so far
+  uint64_t checked_ = 0;    // the requests a finished check has seen
 };
 
 }  // namespace core

@@ -35,8 +35,8 @@ class SlotAllocator {
  private:
   mutable std::mutex mutex_;
   const int64_t first_;
-  int64_t next_;             // slots in [first_, next_) have been handed out at least once
-  std::set<int64_t> free_;   // released slots below next_, smallest first
+  int64_t next_;            // slots in [first_, next_) have been handed out at least once
+  std::set<int64_t> free_;  // released slots below next_, smallest first
 };
 
 }  // namespace core

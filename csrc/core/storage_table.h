@@ -32,7 +32,7 @@ class StreamSet {
  public:
   bool contains(StreamId id) const {
     return std::find(inline_.begin(), inline_.begin() + n_, id) != inline_.begin() + n_ ||
-        std::find(more_.begin(), more_.end(), id) != more_.end();
+           std::find(more_.begin(), more_.end(), id) != more_.end();
   }
   void add(StreamId id) {
     if (n_ < inline_.size()) {
@@ -85,17 +85,17 @@ class StorageTable {
 
   struct Entry {
     Entry(Ref r, StorageId i) : ref(std::move(r)), id(i) {}
-    Ref ref;                  // keeps the address from being reused while the entry exists
-    StorageId id;             // the address
-    StreamId home = 0;        // the stream it was allocated on, if known (made by an op)
-    StreamSet recorded;       // streams recorded with the allocator (record_stream)
+    Ref ref;             // keeps the address from being reused while the entry exists
+    StorageId id;        // the address
+    StreamId home = 0;   // the stream it was allocated on, if known (made by an op)
+    StreamSet recorded;  // streams recorded with the allocator (record_stream)
     // Created by the op at this position (a fresh output), not yet told to the tracker: many
     // outputs are never used again, so the definition waits for the storage's next use.
     Position pending_definition;
     // Uses on the stream of pending_definition since then, not told to the tracker either
     // (Note [Home-stream uses]): the latest write and the latest read after it (seqs, 0: none).
     HomeUses home_uses;
-    Data data;                // the runtime's own fields
+    Data data;  // the runtime's own fields
 
     // A fresh output of the op at `p`, allocated on its stream.
     void define(Position p) {

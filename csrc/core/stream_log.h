@@ -1,7 +1,7 @@
-// Plain C++17 (no torch includes). Holds the per-stream bookkeeping of the automatic-synchronization
-// tracker: the positions handed out on one stream, those still launching, and the events recorded
-// after positions, kept by position. Touches nothing but its own members; the runtime
-// (csrc/runtime/tracking/streams.*) owns one per stream, under its lock, with Event =
+// Plain C++17 (no torch includes). Holds the per-stream bookkeeping of the
+// automatic-synchronization tracker: the positions handed out on one stream, those still launching,
+// and the events recorded after positions, kept by position. Touches nothing but its own members;
+// the runtime (csrc/runtime/tracking/streams.*) owns one per stream, under its lock, with Event =
 // std::shared_ptr<c10::Event>. Tests use any copyable type.
 //
 // Several threads can launch on one stream at once (every thread shares the default stream): a

@@ -8,12 +8,12 @@ namespace torch_pipeline {
 namespace core {
 
 StreamQueue::StreamQueue(uint64_t base, ThreadStart on_start, ErrorSink on_error)
-    : on_start_(std::move(on_start)), on_error_(std::move(on_error)), enqueued_(base),
+    : on_start_(std::move(on_start)),
+      on_error_(std::move(on_error)),
+      enqueued_(base),
       completed_(base) {}
 
-StreamQueue::~StreamQueue() {
-  shutdown();
-}
+StreamQueue::~StreamQueue() { shutdown(); }
 
 uint64_t StreamQueue::enqueue(Work work, std::chrono::nanoseconds min_duration) {
   destroy_finished();

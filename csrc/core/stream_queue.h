@@ -79,7 +79,7 @@ class StreamQueue {
   std::condition_variable work_cv_;  // entries or stop
   std::condition_variable done_cv_;  // completed_ grew
   std::deque<Entry> queue_;
-  std::vector<Work> finished_;       // run, waiting to be destroyed by a caller
+  std::vector<Work> finished_;  // run, waiting to be destroyed by a caller
   std::atomic<uint64_t> enqueued_;
   std::atomic<uint64_t> completed_;
   bool stopping_ = false;

@@ -2,9 +2,9 @@
 
 #include <atomic>
 #include <cstdio>
-#include <string>
 #include <exception>
 #include <stdexcept>
+#include <string>
 #include <utility>
 
 namespace torch_pipeline {
@@ -146,8 +146,8 @@ void WorkerThread::shutdown(bool cancel_queued) {
       first = submitted_ - dropped.size() + 1;
     }
     // Exactly one caller takes the thread to join it, so concurrent shutdowns never join twice.
-    // The worker never takes itself: it would deadlock joining itself. It leaves thread_ for a later
-    // shutdown() from another thread (or the destructor) to join once loop() has returned.
+    // The worker never takes itself: it would deadlock joining itself. It leaves thread_ for a
+    // later shutdown() from another thread (or the destructor) to join once loop() has returned.
     if (!on_own_thread && thread_.joinable()) to_join = std::move(thread_);
     work_cv_.notify_all();
   }
@@ -193,9 +193,7 @@ std::string WorkerThread::describe_task(uint64_t seq) const {
   return "";  // cancelled out of order, or between dequeue and run
 }
 
-int WorkerThread::current_id() {
-  return t_current_worker != nullptr ? t_current_worker->id_ : -1;
-}
+int WorkerThread::current_id() { return t_current_worker != nullptr ? t_current_worker->id_ : -1; }
 
 void WorkerThread::finish_locked(uint64_t first, uint64_t last) {
   if (first != completed_ + 1) {
@@ -206,8 +204,7 @@ void WorkerThread::finish_locked(uint64_t first, uint64_t last) {
   }
   completed_ = last;
   for (auto it = finished_ahead_.begin();
-       it != finished_ahead_.end() && it->first == completed_ + 1;
-       it = finished_ahead_.erase(it)) {
+       it != finished_ahead_.end() && it->first == completed_ + 1; it = finished_ahead_.erase(it)) {
     completed_ = it->second;
   }
   done_cv_.notify_all();
@@ -370,8 +367,9 @@ WorkerPool::WaitGuard WorkerPool::begin_wait(int waiter, int target, uint64_t se
                    task_label(worker(chain[i].first), chain[i].second);
         from = chain[i].first;
       }
-      message += ". Wait for another worker thread's task only where no task of that worker "
-                 "waits back (or from outside tasks), or return the future instead of waiting";
+      message +=
+          ". Wait for another worker thread's task only where no task of that worker "
+          "waits back (or from outside tasks), or return the future instead of waiting";
       throw WaitCycleError(message);
     }
     const auto it = waits_.find(id);

@@ -106,17 +106,18 @@ class WorkerThread {
   const int id_;
   const std::function<void()> on_idle_;
   mutable std::mutex mutex_;
-  std::condition_variable work_cv_;   // signalled on submit and shutdown
-  std::condition_variable done_cv_;   // signalled when completed_ grows
+  std::condition_variable work_cv_;  // signalled on submit and shutdown
+  std::condition_variable done_cv_;  // signalled when completed_ grows
   std::deque<std::unique_ptr<Task>> queue_;
   uint64_t submitted_ = 0;
   uint64_t completed_ = 0;
-  // Ranges [first, last] (keyed by first) done out of order: queued tasks cancelled while an earlier
-  // task was still running. completed_ only moves over a number once everything before it is done.
+  // Ranges [first, last] (keyed by first) done out of order: queued tasks cancelled while an
+  // earlier task was still running. completed_ only moves over a number once everything before it
+  // is done.
   std::map<uint64_t, uint64_t> finished_ahead_;
   bool running_task_ = false;
-  uint64_t running_seq_ = 0;             // number of the running task (while running_task_)
-  const Task* running_ = nullptr;        // the running task (while running_task_)
+  uint64_t running_seq_ = 0;       // number of the running task (while running_task_)
+  const Task* running_ = nullptr;  // the running task (while running_task_)
   bool stopping_ = false;
   bool started_ = false;
   std::thread thread_;
@@ -175,8 +176,8 @@ class WorkerPool {
   const std::function<void()> on_idle_;
   mutable std::mutex mutex_;
   std::vector<std::unique_ptr<WorkerThread>> workers_;  // size cap_, created lazily
-  std::mutex waits_mutex_;          // taken before any worker's lock, never after
-  std::map<int, Wait> waits_;       // waiting worker -> what its running task waits for
+  std::mutex waits_mutex_;     // taken before any worker's lock, never after
+  std::map<int, Wait> waits_;  // waiting worker -> what its running task waits for
 };
 
 }  // namespace core

@@ -6,7 +6,8 @@
 namespace torch_pipeline {
 namespace python {
 
-// WorkerThread, Pipeline, pipeline(), current/default/set_pipeline, synchronize (pipeline_bindings.cpp).
+// WorkerThread, Pipeline, pipeline(), current/default/set_pipeline, synchronize
+// (pipeline_bindings.cpp).
 void bind_pipelines(pybind11::module_& m);
 // PipelineEvent, task futures, communication streams, tracking, settings (runtime_bindings.cpp).
 void bind_runtime(pybind11::module_& m);

@@ -14,8 +14,8 @@ namespace torch_pipeline {
 namespace python {
 
 void bind_capture(py::module_& m) {
-  using tracking::CaptureHandle;
   using tracking::CapturedGraph;
+  using tracking::CaptureHandle;
   using tracking::GraphReplay;
   py::class_<CaptureHandle, std::shared_ptr<CaptureHandle>>(
       m, "_CaptureHandle",
@@ -27,23 +27,25 @@ void bind_capture(py::module_& m) {
       .def_property_readonly("kept", &CapturedGraph::kept,
                              "Storages kept alive for the graph's lifetime.")
       .def("reset", &CapturedGraph::reset, py::call_guard<ReleasedGil>())
-      .def("replay", [](const CapturedGraph& g) { return std::make_unique<GraphReplay>(g); },
-           py::call_guard<ReleasedGil>(),
-           "Opens a replay on the current streams (close() it after the replay).");
+      .def(
+          "replay", [](const CapturedGraph& g) { return std::make_unique<GraphReplay>(g); },
+          py::call_guard<ReleasedGil>(),
+          "Opens a replay on the current streams (close() it after the replay).");
   py::class_<GraphReplay>(m, "_GraphReplay")
       .def("close", &GraphReplay::close, py::call_guard<ReleasedGil>());
   m.def("_capture_prepare", &tracking::capture_prepare, py::arg("stream"),
         py::call_guard<ReleasedGil>());
   m.def("_capture_begun", &tracking::capture_begun, py::arg("stream"),
         py::call_guard<ReleasedGil>());
-  m.def("_capture_abandoned", &tracking::capture_abandoned,
-        py::call_guard<ReleasedGil>());
-  m.def("_capture_join_back",
-        [](const CaptureHandle* capture) { return tracking::capture_join_back(capture); },
-        py::arg("capture").none(true), py::call_guard<ReleasedGil>());
-  m.def("_capture_ended",
-        [](const CaptureHandle* capture) { return tracking::capture_ended(capture); },
-        py::arg("capture").none(true), py::call_guard<ReleasedGil>());
+  m.def("_capture_abandoned", &tracking::capture_abandoned, py::call_guard<ReleasedGil>());
+  m.def(
+      "_capture_join_back",
+      [](const CaptureHandle* capture) { return tracking::capture_join_back(capture); },
+      py::arg("capture").none(true), py::call_guard<ReleasedGil>());
+  m.def(
+      "_capture_ended",
+      [](const CaptureHandle* capture) { return tracking::capture_ended(capture); },
+      py::arg("capture").none(true), py::call_guard<ReleasedGil>());
   m.def("_set_capture_aware", &tracking::set_capture_aware, py::arg("aware"),
         "Test switch: False makes the tracker ignore graph captures (polls do not pause, "
         "captured ops are tracked as if they ran), so tests show what goes wrong. Not for "

@@ -24,9 +24,7 @@ std::atomic<bool> g_graph_hooks_installed{false};
 
 }  // namespace
 
-std::string type_name(py::handle obj) {
-  return Py_TYPE(obj.ptr())->tp_name;
-}
+std::string type_name(py::handle obj) { return Py_TYPE(obj.ptr())->tp_name; }
 
 bool is_int(py::handle obj) {
   return PyLong_Check(obj.ptr()) && !PyBool_Check(obj.ptr());  // bool is an int to Python
@@ -42,9 +40,10 @@ std::optional<long long> int_in_range(py::handle obj, long long lo, long long hi
 }
 
 PipelinePtr to_pipeline(py::handle obj, const char* what) {
-  TORCH_CHECK_TYPE(
-      py::isinstance<PipelineImpl>(obj), what, " expects a torch_pipeline.Pipeline, got an object "
-      "of type ", type_name(obj));
+  TORCH_CHECK_TYPE(py::isinstance<PipelineImpl>(obj), what,
+                   " expects a torch_pipeline.Pipeline, got an object "
+                   "of type ",
+                   type_name(obj));
   PipelinePtr p = py::cast<PipelinePtr>(obj);
   p->check_usable();
   return p;
@@ -71,17 +70,15 @@ int to_worker_id(py::handle obj) {
       "worker_thread must be a torch_pipeline.WorkerThread, an int or None, got an object of type ",
       type_name(obj));
   const auto id = int_in_range(obj, 0, kMaxWorkerThreadsLimit);
-  TORCH_CHECK_VALUE(
-      id.has_value(), "worker thread id ", py::str(obj).cast<std::string>(),
-      " is out of range: the cap is ", max_worker_threads(), " worker threads (ids 0..",
-      max_worker_threads() - 1, ")");
+  TORCH_CHECK_VALUE(id.has_value(), "worker thread id ", py::str(obj).cast<std::string>(),
+                    " is out of range: the cap is ", max_worker_threads(),
+                    " worker threads (ids 0..", max_worker_threads() - 1, ")");
   return static_cast<int>(*id);
 }
 
 c10::Device to_device(py::handle obj) {
-  TORCH_CHECK_TYPE(
-      THPDevice_Check(obj.ptr()), "expected a torch.device, got an object of type ",
-      type_name(obj));
+  TORCH_CHECK_TYPE(THPDevice_Check(obj.ptr()), "expected a torch.device, got an object of type ",
+                   type_name(obj));
   return reinterpret_cast<THPDevice*>(obj.ptr())->device;
 }
 
@@ -93,14 +90,12 @@ std::optional<c10::Device> to_accelerator_device(py::handle device_like) {
     }
     return current_device(*acc);
   }
-  TORCH_CHECK_TYPE(
-      !PyBool_Check(device_like.ptr()),
-      "device must be a torch.device, a str, an int or None, got a bool");
+  TORCH_CHECK_TYPE(!PyBool_Check(device_like.ptr()),
+                   "device must be a torch.device, a str, an int or None, got a bool");
   py::object device = py::reinterpret_borrow<py::object>(device_like);
   if (PyLong_Check(device_like.ptr())) {
-    TORCH_CHECK_VALUE(
-        acc.has_value(), "device index ", py::str(device_like).cast<std::string>(),
-        " given, but no accelerator is available");
+    TORCH_CHECK_VALUE(acc.has_value(), "device index ", py::str(device_like).cast<std::string>(),
+                      " given, but no accelerator is available");
     check_device_index(*acc, int_in_range(device_like, LLONG_MIN, LLONG_MAX).value_or(LLONG_MAX));
     device = py::module_::import("torch").attr("device")(
         c10::DeviceTypeName(*acc, /*lower_case=*/true), device_like);
@@ -108,9 +103,9 @@ std::optional<c10::Device> to_accelerator_device(py::handle device_like) {
     check_device_string(py::cast<std::string>(device_like));
     device = py::module_::import("torch").attr("device")(device_like);
   }
-  TORCH_CHECK_TYPE(
-      THPDevice_Check(device.ptr()), "device must be a torch.device, a str, an int or None, got ",
-      py::str(py::type::handle_of(device_like).attr("__name__")).cast<std::string>());
+  TORCH_CHECK_TYPE(THPDevice_Check(device.ptr()),
+                   "device must be a torch.device, a str, an int or None, got ",
+                   py::str(py::type::handle_of(device_like).attr("__name__")).cast<std::string>());
   const c10::Device d = to_device(device);
   if (d.is_cpu()) {
     return std::nullopt;
@@ -120,9 +115,10 @@ std::optional<c10::Device> to_accelerator_device(py::handle device_like) {
 
 py::object to_python_stream(const c10::Stream& stream) {
   if (stream.device_type() == c10::kCUDA) {
-    return py::module_::import("torch.cuda").attr("Stream")(
-        py::arg("stream_id") = stream.id(), py::arg("device_index") = stream.device_index(),
-        py::arg("device_type") = static_cast<int>(stream.device_type()));
+    return py::module_::import("torch.cuda")
+        .attr("Stream")(py::arg("stream_id") = stream.id(),
+                        py::arg("device_index") = stream.device_index(),
+                        py::arg("device_type") = static_cast<int>(stream.device_type()));
   }
   return py::cast(stream);
 }
@@ -157,8 +153,7 @@ void note_pipeline_created() {
 }
 
 void note_distributed_use() {
-  if (g_work_hooks_installed.load(std::memory_order_acquire) ||
-      g_work_hooks_installer == nullptr) {
+  if (g_work_hooks_installed.load(std::memory_order_acquire) || g_work_hooks_installer == nullptr) {
     return;
   }
   // torch.distributed cannot be initialized before it is imported: skip the call until then.

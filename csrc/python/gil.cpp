@@ -1,10 +1,10 @@
 #include "gil.h"
 
+#include <pthread.h>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <exception>
-#include <pthread.h>
 #include <thread>
 #include <variant>
 
@@ -14,7 +14,7 @@ namespace {
 
 thread_local PyThreadState* worker_tstate = nullptr;  // this worker thread's own thread state
 std::atomic<bool> exiting{false};
-std::atomic<int> taking_gil{0};        // threads between their exiting check and holding the GIL
+std::atomic<int> taking_gil{0};  // threads between their exiting check and holding the GIL
 std::atomic<unsigned long> main_ident{0};  // threading.main_thread(), recorded at exit
 std::terminate_handler previous_terminate = nullptr;
 
@@ -90,9 +90,7 @@ ReleasedGil::ReleasedGil() {
   state_ = PyEval_SaveThread();
 }
 
-ReleasedGil::~ReleasedGil() {
-  take_gil_back(state_);
-}
+ReleasedGil::~ReleasedGil() { take_gil_back(state_); }
 
 bool worker_take_gil() {
   if (worker_holds_gil) {
@@ -121,9 +119,7 @@ void worker_release_gil() {
   }
 }
 
-bool python_exiting() {
-  return exiting.load(std::memory_order_acquire);
-}
+bool python_exiting() { return exiting.load(std::memory_order_acquire); }
 
 void set_python_exiting() {
   // (with the GIL, on the thread running the exit handler)
@@ -195,16 +191,16 @@ PythonWarnings::~PythonWarnings() noexcept(false) {
   bool failed = false;
   for (const c10::Warning& w : buffer_.warnings) {
     PyObject* category = std::holds_alternative<c10::DeprecationWarning>(w.type())
-        ? PyExc_DeprecationWarning
-        : PyExc_UserWarning;
+                             ? PyExc_DeprecationWarning
+                             : PyExc_UserWarning;
     if (PyErr_WarnEx(category, w.msg().c_str(), 1) != 0) {
       failed = true;  // -W error: the warning is now a Python exception
       break;
     }
   }
   buffer_.warnings.clear();
-  const bool may_raise = raise_errors_ && type == nullptr &&
-                         std::uncaught_exceptions() == uncaught_;
+  const bool may_raise =
+      raise_errors_ && type == nullptr && std::uncaught_exceptions() == uncaught_;
   if (failed && may_raise) {
     throw pybind11::error_already_set();
   }

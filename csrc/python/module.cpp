@@ -39,8 +39,9 @@ PYBIND11_MODULE(_C, m) {
   Runtime::set_idle_hook(&python::worker_release_gil);
   python::install_terminate_handler();
   set_block_hook(&python::wait_releasing_gil);
-  tracking::set_blocking_wait(
-      [](const tracking::Step& step) { python::wait_releasing_gil(step, /*interruptible=*/false); });
+  tracking::set_blocking_wait([](const tracking::Step& step) {
+    python::wait_releasing_gil(step, /*interruptible=*/false);
+  });
 
   python::bind_pipelines(m);
   python::bind_runtime(m);

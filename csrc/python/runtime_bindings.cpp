@@ -39,34 +39,51 @@ makes another pipeline's stream on each of those devices wait for it.
     >>> consumer.wait_event(e)
 )doc")
       .def(py::init([](py::handle enable_timing) {
-        TORCH_CHECK_TYPE(
-            PyBool_Check(enable_timing.ptr()), "enable_timing must be True or False, got an "
-            "object of type ", type_name(enable_timing));
-        return std::make_shared<PipelineEvent>(enable_timing.ptr() == Py_True);
-      }), py::kw_only(), py::arg("enable_timing") = false)
-      .def("record", [](PipelineEvent& e, py::handle p) {
-        e.record(*to_pipeline_or_current(p, "PipelineEvent.record"));
-      }, py::arg("pipeline") = py::none(), "Records `pipeline`'s position (default: the current "
-         "pipeline's) on each of its devices.")
-      .def("wait", [](const PipelineEvent& e, py::handle p) {
-        e.wait(*to_pipeline_or_current(p, "PipelineEvent.wait"));
-      }, py::arg("pipeline") = py::none(), "Makes `pipeline`'s streams (default: the current "
-         "pipeline's) wait for this event.")
+             TORCH_CHECK_TYPE(PyBool_Check(enable_timing.ptr()),
+                              "enable_timing must be True or False, got an "
+                              "object of type ",
+                              type_name(enable_timing));
+             return std::make_shared<PipelineEvent>(enable_timing.ptr() == Py_True);
+           }),
+           py::kw_only(), py::arg("enable_timing") = false)
+      .def(
+          "record",
+          [](PipelineEvent& e, py::handle p) {
+            e.record(*to_pipeline_or_current(p, "PipelineEvent.record"));
+          },
+          py::arg("pipeline") = py::none(),
+          "Records `pipeline`'s position (default: the current "
+          "pipeline's) on each of its devices.")
+      .def(
+          "wait",
+          [](const PipelineEvent& e, py::handle p) {
+            e.wait(*to_pipeline_or_current(p, "PipelineEvent.wait"));
+          },
+          py::arg("pipeline") = py::none(),
+          "Makes `pipeline`'s streams (default: the current "
+          "pipeline's) wait for this event.")
       .def("query", &PipelineEvent::query, "Whether the recorded work is complete.")
-      .def("synchronize", [](const PipelineEvent& e) {
-        block_until([&e](std::chrono::milliseconds) {
-          e.synchronize();
-          return true;
-        });
-      }, "Blocks until the recorded work is complete.")
-      .def("elapsed_time", [](const PipelineEvent& e, py::handle end, py::handle device) {
-        const auto d = to_accelerator_device(device);
-        TORCH_CHECK_VALUE(d.has_value(), "elapsed_time needs an accelerator device");
-        TORCH_CHECK_TYPE(
-            py::isinstance<PipelineEvent>(end), "elapsed_time expects a "
-            "torch_pipeline.PipelineEvent, got an object of type ", type_name(end));
-        return e.elapsed_time(py::cast<const PipelineEvent&>(end), *d);
-      }, py::arg("end_event"), py::arg("device") = py::none(), R"doc(
+      .def(
+          "synchronize",
+          [](const PipelineEvent& e) {
+            block_until([&e](std::chrono::milliseconds) {
+              e.synchronize();
+              return true;
+            });
+          },
+          "Blocks until the recorded work is complete.")
+      .def(
+          "elapsed_time",
+          [](const PipelineEvent& e, py::handle end, py::handle device) {
+            const auto d = to_accelerator_device(device);
+            TORCH_CHECK_VALUE(d.has_value(), "elapsed_time needs an accelerator device");
+            TORCH_CHECK_TYPE(py::isinstance<PipelineEvent>(end),
+                             "elapsed_time expects a "
+                             "torch_pipeline.PipelineEvent, got an object of type ",
+                             type_name(end));
+            return e.elapsed_time(py::cast<const PipelineEvent&>(end), *d);
+          },
+          py::arg("end_event"), py::arg("device") = py::none(), R"doc(
 Milliseconds from this event to ``end_event`` on ``device`` (default: the current accelerator
 device); both need enable_timing=True.
 
@@ -109,27 +126,39 @@ device); both need enable_timing=True.
   m.def("_generation", &Runtime::current_generation);
 
   // ---- settings (csrc/runtime/settings.h) ------------------------------------------------------
-  m.def("_env_seconds", [](const std::string& name) -> py::object {
-    const auto v = settings::env_seconds(name.c_str());
-    return v.has_value() ? py::object(py::float_(*v)) : py::none();
-  }, py::arg("name"), "A number of seconds >= 0 from environment variable `name`, or None when "
-     "unset (ValueError naming it otherwise).");
-  m.def("_env_flag", [](const std::string& name, bool fallback) {
-    return settings::env_flag(name.c_str(), fallback);
-  }, py::arg("name"), py::arg("default"), "A 0/1 flag from environment variable `name`, or "
-     "`default` when unset (ValueError naming it otherwise).");
+  m.def(
+      "_env_seconds",
+      [](const std::string& name) -> py::object {
+        const auto v = settings::env_seconds(name.c_str());
+        return v.has_value() ? py::object(py::float_(*v)) : py::none();
+      },
+      py::arg("name"),
+      "A number of seconds >= 0 from environment variable `name`, or None when "
+      "unset (ValueError naming it otherwise).");
+  m.def(
+      "_env_flag",
+      [](const std::string& name, bool fallback) {
+        return settings::env_flag(name.c_str(), fallback);
+      },
+      py::arg("name"), py::arg("default"),
+      "A 0/1 flag from environment variable `name`, or "
+      "`default` when unset (ValueError naming it otherwise).");
 
   // ---- communication streams (comm.h) ----
   py::class_<CollectiveGuard>(m, "_CollectiveGuard")
       .def(py::init<>(), py::call_guard<PythonWarnings>());
-  m.def("_comm_stream", [](py::handle device, py::handle worker_thread) -> py::object {
-    const auto d = to_accelerator_device(device);
-    if (!d.has_value()) {
-      return py::none();
-    }
-    const int worker = worker_thread.is_none() ? collective_worker() : to_worker_id(worker_thread);
-    return to_python_stream(comm_stream(worker, *d));
-  }, py::arg("device"), py::arg("worker_thread"));
+  m.def(
+      "_comm_stream",
+      [](py::handle device, py::handle worker_thread) -> py::object {
+        const auto d = to_accelerator_device(device);
+        if (!d.has_value()) {
+          return py::none();
+        }
+        const int worker =
+            worker_thread.is_none() ? collective_worker() : to_worker_id(worker_thread);
+        return to_python_stream(comm_stream(worker, *d));
+      },
+      py::arg("device"), py::arg("worker_thread"));
   m.def("_collective_worker", &collective_worker);
   m.def("_set_collective_debug", &set_collective_debug, py::arg("on"));
   m.def("_collective_debug", &collective_debug);
@@ -146,7 +175,8 @@ device); both need enable_timing=True.
              c10::Storage s = THPStorage_Unpack(reinterpret_cast<THPStorage*>(storage.ptr()));
              ReleasedGil nogil;  // (it may wait for a task pinning the storage)
              return std::make_unique<tracking::StorageResize>(s);
-           }), py::arg("storage"))
+           }),
+           py::arg("storage"))
       .def("done", &tracking::StorageResize::done, py::call_guard<ReleasedGil>());
   py::class_<tracking::CompiledRegion>(m, "_CompiledRegion")
       .def(py::init<const std::vector<at::Tensor>&>(), py::arg("args"),
@@ -167,74 +197,87 @@ device); both need enable_timing=True.
     }
     return out;
   });
-  m.def("_set_record_function_enabled", [](bool enabled) { at::enableRecordFunction(enabled); },
-        py::arg("enabled"),
-        "Test switch: False turns RecordFunction off on this thread, so the ops it runs are as "
-        "invisible to the tracker as kernels launched outside the dispatcher (Triton's). Not for "
-        "production code.");
+  m.def(
+      "_set_record_function_enabled", [](bool enabled) { at::enableRecordFunction(enabled); },
+      py::arg("enabled"),
+      "Test switch: False turns RecordFunction off on this thread, so the ops it runs are as "
+      "invisible to the tracker as kernels launched outside the dispatcher (Triton's). Not for "
+      "production code.");
   m.def("_set_tracking_enabled", &tracking::set_enabled, py::arg("enabled"),
         py::call_guard<ReleasedGil>(),
         "Test switch: False stops automatic synchronization (tests use it to show the races it "
         "removes). Not for production code.");
   m.def("_tracking_enabled", &tracking::enabled);
-  m.def("_work_waited", [](py::handle work) {
-    // After Work.wait() / synchronize() / block_current_stream() (hooked by torch_pipeline).
-    if (!tracking::live()) {
-      return;
-    }
-    const py::object boxed = work.attr("boxed")();  // the Work as a torchbind object
-    const c10::IValue v(py::cast<torch::jit::Object>(boxed)._ivalue());
-    const void* target = torchbind_target(v);
-    ReleasedGil no_gil;
-    tracking::work_waited(target);
-  }, py::arg("work"));
-  m.def("_set_allocator_safety", [](const std::string& mode) {
-    TORCH_CHECK_VALUE(mode == "keep_alive" || mode == "record_stream",
-                      "allocator safety must be 'keep_alive' or 'record_stream', got '", mode, "'");
-    tracking::set_allocator_safety(mode == "keep_alive" ? tracking::AllocatorSafety::kKeepAlive
-                                                        : tracking::AllocatorSafety::kRecordStream);
-  }, py::arg("mode"), "Chooses how memory used off its allocation stream is kept from reuse "
-     "(bench/bench_allocator.py compares the two).");
+  m.def(
+      "_work_waited",
+      [](py::handle work) {
+        // After Work.wait() / synchronize() / block_current_stream() (hooked by torch_pipeline).
+        if (!tracking::live()) {
+          return;
+        }
+        const py::object boxed = work.attr("boxed")();  // the Work as a torchbind object
+        const c10::IValue v(py::cast<torch::jit::Object>(boxed)._ivalue());
+        const void* target = torchbind_target(v);
+        ReleasedGil no_gil;
+        tracking::work_waited(target);
+      },
+      py::arg("work"));
+  m.def(
+      "_set_allocator_safety",
+      [](const std::string& mode) {
+        TORCH_CHECK_VALUE(mode == "keep_alive" || mode == "record_stream",
+                          "allocator safety must be 'keep_alive' or 'record_stream', got '", mode,
+                          "'");
+        tracking::set_allocator_safety(mode == "keep_alive"
+                                           ? tracking::AllocatorSafety::kKeepAlive
+                                           : tracking::AllocatorSafety::kRecordStream);
+      },
+      py::arg("mode"),
+      "Chooses how memory used off its allocation stream is kept from reuse "
+      "(bench/bench_allocator.py compares the two).");
   m.def("_allocator_safety", [] {
     return tracking::allocator_safety() == tracking::AllocatorSafety::kKeepAlive ? "keep_alive"
                                                                                  : "record_stream";
   });
-  m.def("_tracking_stats", [] {
-    const tracking::Stats s = tracking::stats();
-    py::dict d;
-    d["live"] = s.live;
-    d["ops"] = s.ops;
-    d["launches"] = s.launches;
-    d["waits"] = s.waits;
-    d["events"] = s.events;
-    d["host_waits"] = s.host_waits;
-    d["record_streams"] = s.record_streams;
-    d["pin_waits"] = s.pin_waits;
-    d["keep_alives"] = s.keep_alives;
-    d["released"] = s.released;
-    d["kept_alive"] = s.kept_alive;
-    d["kept_alive_bytes"] = s.kept_alive_bytes;
-    d["storages"] = s.storages;
-    d["streams"] = s.streams;
-    d["unclaimed"] = s.unclaimed;
-    d["compiled_regions"] = s.compiled_regions;
-    d["compiled_unwrapped"] = s.compiled_unwrapped;
-    d["gaps"] = s.gaps;
-    d["captures"] = s.captures;
-    d["captures_underway"] = s.captures_underway;
-    d["queries_paused"] = s.queries_paused;
-    d["capture_forks"] = s.capture_forks;
-    d["capture_joins"] = s.capture_joins;
-    d["capture_kept"] = s.capture_kept;
-    d["graph_replays"] = s.graph_replays;
-    d["polls_paused"] = s.polls_paused;
-    py::list gap_ops;
-    for (const std::string& name : s.gap_ops) {
-      gap_ops.append(py::str(name));
-    }
-    d["gap_ops"] = gap_ops;
-    return d;
-  }, "Counters of automatic synchronization (torch_pipeline.tracking_stats()).");
+  m.def(
+      "_tracking_stats",
+      [] {
+        const tracking::Stats s = tracking::stats();
+        py::dict d;
+        d["live"] = s.live;
+        d["ops"] = s.ops;
+        d["launches"] = s.launches;
+        d["waits"] = s.waits;
+        d["events"] = s.events;
+        d["host_waits"] = s.host_waits;
+        d["record_streams"] = s.record_streams;
+        d["pin_waits"] = s.pin_waits;
+        d["keep_alives"] = s.keep_alives;
+        d["released"] = s.released;
+        d["kept_alive"] = s.kept_alive;
+        d["kept_alive_bytes"] = s.kept_alive_bytes;
+        d["storages"] = s.storages;
+        d["streams"] = s.streams;
+        d["unclaimed"] = s.unclaimed;
+        d["compiled_regions"] = s.compiled_regions;
+        d["compiled_unwrapped"] = s.compiled_unwrapped;
+        d["gaps"] = s.gaps;
+        d["captures"] = s.captures;
+        d["captures_underway"] = s.captures_underway;
+        d["queries_paused"] = s.queries_paused;
+        d["capture_forks"] = s.capture_forks;
+        d["capture_joins"] = s.capture_joins;
+        d["capture_kept"] = s.capture_kept;
+        d["graph_replays"] = s.graph_replays;
+        d["polls_paused"] = s.polls_paused;
+        py::list gap_ops;
+        for (const std::string& name : s.gap_ops) {
+          gap_ops.append(py::str(name));
+        }
+        d["gap_ops"] = gap_ops;
+        return d;
+      },
+      "Counters of automatic synchronization (torch_pipeline.tracking_stats()).");
   m.def("_cuda_exclusive_streams", [] { return has_exclusive_streams(c10::kCUDA); });
 }
 

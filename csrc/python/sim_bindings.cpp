@@ -31,14 +31,10 @@ PyObject* g_race_error = nullptr;
 // Python exceptions: a torch::PyTorchError names the Python type it becomes.
 struct RaceErrorPy : public torch::PyTorchError {
   using torch::PyTorchError::PyTorchError;
-  PyObject* python_type() override {
-    return g_race_error;
-  }
+  PyObject* python_type() override { return g_race_error; }
 };
 
-void throw_race_error(const std::string& message) {
-  throw RaceErrorPy(message);
-}
+void throw_race_error(const std::string& message) { throw RaceErrorPy(message); }
 
 // The per-operator facts (csrc/runtime/op_facts.h) of "aten::add_.Tensor" as the sim's kernels
 // look them up (by operator handle), as a dict; `id` identifies the facts object.
@@ -46,9 +42,9 @@ py::dict op_facts_dict(const std::string& full_name) {
   const auto view = c10::OperatorNameView::parse(full_name);
   const c10::OperatorName name{std::string(view.name), std::string(view.overload_name)};
   const auto op = c10::Dispatcher::singleton().findSchema(name);
-  TORCH_CHECK_VALUE(
-      op.has_value(), "'", full_name, "' is not a registered operator: expected a name such as "
-      "'aten::add_.Tensor' (the default overload has no suffix: 'aten::nonzero')");
+  TORCH_CHECK_VALUE(op.has_value(), "'", full_name,
+                    "' is not a registered operator: expected a name such as "
+                    "'aten::add_.Tensor' (the default overload has no suffix: 'aten::nonzero')");
   const OpFacts& f = op_facts(*op);
   TORCH_INTERNAL_ASSERT(&f == &op_facts(name), "two facts objects for ", full_name);
   const auto& args = op->schema().arguments();
@@ -129,7 +125,8 @@ A race found by the sim device's checker: an access (`later_*`) not ordered afte
 earlier access (`earlier_*`) of the same bytes on another stream. str(race) names both ops, their
 streams and the memory.
 )doc")
-      .def_readonly("memory", &sim::Race::memory, "The storage, e.g. 'sim:0 storage 0x... (64 bytes)'.")
+      .def_readonly("memory", &sim::Race::memory,
+                    "The storage, e.g. 'sim:0 storage 0x... (64 bytes)'.")
       .def_readonly("begin", &sim::Race::begin, "First byte address of the overlap.")
       .def_readonly("end", &sim::Race::end, "One past the last byte address of the overlap.")
       .def_readonly("earlier_op", &sim::Race::earlier_op)
@@ -139,11 +136,12 @@ streams and the memory.
       .def_readonly("later_stream", &sim::Race::later_timeline)
       .def_readonly("later_write", &sim::Race::later_write)
       .def("__str__", &sim::Race::to_string)
-      .def("__repr__", [](const sim::Race& r) { return "<torch_pipeline.sim.Race " + r.to_string() + ">"; });
+      .def("__repr__",
+           [](const sim::Race& r) { return "<torch_pipeline.sim.Race " + r.to_string() + ">"; });
 
-  m.def("_sim_enable", [](int num_devices, bool strict) {
-    sim::enable(num_devices, strict);
-  }, py::arg("num_devices"), py::arg("strict"));
+  m.def(
+      "_sim_enable", [](int num_devices, bool strict) { sim::enable(num_devices, strict); },
+      py::arg("num_devices"), py::arg("strict"));
   m.def("_sim_enabled", &sim::enabled);
   m.def("_sim_num_devices", &sim::num_devices);
   m.def("_sim_races", &sim::races);
@@ -156,20 +154,21 @@ streams and the memory.
     const auto events = sim::trace::stop();
     auto& checker = sim::State::get().checker();
     for (const auto& e : events) {
-      out.push_back(py::make_tuple(static_cast<int>(e.kind), checker.label(e.timeline), e.name,
-                                   e.begin_ns, e.end_ns,
-                                   e.kind == sim::trace::Event::kWait ? checker.label(e.from)
-                                                                      : std::string(),
-                                   e.from_ns));
+      out.push_back(py::make_tuple(
+          static_cast<int>(e.kind), checker.label(e.timeline), e.name, e.begin_ns, e.end_ns,
+          e.kind == sim::trace::Event::kWait ? checker.label(e.from) : std::string(), e.from_ns));
     }
     return out;
   });
   m.def("_sim_set_strict", &sim::set_strict, py::arg("strict"));
   m.def("_sim_strict", &sim::strict);
-  m.def("_sim_synchronize", [](int device) {
-    ReleasedGil no_gil;  // asynchronous mode: waits for the streams' threads
-    sim::synchronize(device);
-  }, py::arg("device"));
+  m.def(
+      "_sim_synchronize",
+      [](int device) {
+        ReleasedGil no_gil;  // asynchronous mode: waits for the streams' threads
+        sim::synchronize(device);
+      },
+      py::arg("device"));
   m.def("_sim_history_size", &sim::history_size);
   m.def("_sim_raw_kernel", &sim::raw_kernel, py::arg("name"), py::arg("reads"), py::arg("writes"));
   m.def("_sim_pending_host_accesses", &sim::pending_host_accesses);
@@ -181,10 +180,13 @@ streams and the memory.
   m.def("_sim_stream_label", &sim::stream_label, py::arg("stream"));
   m.def("_sim_op_facts", &op_facts_dict, py::arg("name"));
   m.def("_sim_op_facts_observed", &op_facts_observed, py::arg("fn"));
-  m.def("_sim_set_asynchronous", [](bool on) {
-    ReleasedGil no_gil;  // switching off waits for the queues
-    sim::set_asynchronous(on);
-  }, py::arg("on"));
+  m.def(
+      "_sim_set_asynchronous",
+      [](bool on) {
+        ReleasedGil no_gil;  // switching off waits for the queues
+        sim::set_asynchronous(on);
+      },
+      py::arg("on"));
   m.def("_sim_asynchronous", &sim::asynchronous);
   m.def("_sim_shutdown_executors", [] {
     ReleasedGil no_gil;
@@ -214,9 +216,10 @@ streams and the memory.
   m.def("_sim_end_capture", &sim::end_capture, py::arg("stream"));
   m.def("_sim_capture_probes", &sim::probe_calls,
         "How often the tracker asked the sim device whether a stream is capturing.");
-  m.def("_sim_capture_of", [](const c10::Stream& s) {
-    return sim::capture_of(sim::State::get().timeline(s));
-  }, py::arg("stream"));
+  m.def(
+      "_sim_capture_of",
+      [](const c10::Stream& s) { return sim::capture_of(sim::State::get().timeline(s)); },
+      py::arg("stream"));
 }
 
 }  // namespace python

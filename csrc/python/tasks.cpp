@@ -25,7 +25,7 @@ namespace torch_pipeline {
 namespace python {
 namespace {
 
-PyObject* g_future_class = nullptr;  // strong reference, never released
+PyObject* g_future_class = nullptr;   // strong reference, never released
 std::atomic<bool> g_draining{false};  // the exit handler runs: only tasks may submit
 
 // "task step() of pipeline id=1 (priority 0)": what a task is, in messages.
@@ -93,10 +93,9 @@ class ProfilingGuard {
 // GIL: they are dropped with the GIL held, or leaked once the interpreter is exiting.
 class PyTask final : public core::Task {
  public:
-  PyTask(
-      core::WorkerThread* worker, PipelinePtr pipeline, py::object fn, py::tuple args,
-      py::dict kwargs, py::object future, std::shared_ptr<TaskSync> sync,
-      std::unique_ptr<tracking::TaskPins> hold, std::optional<Profiling> profiling)
+  PyTask(core::WorkerThread* worker, PipelinePtr pipeline, py::object fn, py::tuple args,
+         py::dict kwargs, py::object future, std::shared_ptr<TaskSync> sync,
+         std::unique_ptr<tracking::TaskPins> hold, std::optional<Profiling> profiling)
       : description_(describe_task(*pipeline, fn)),
         profiling_(std::move(profiling)),
         worker_(worker),
@@ -258,9 +257,10 @@ void set_future_class(py::object cls) {
 }
 
 py::object submit(const PipelinePtr& p, py::object fn, py::tuple args, py::kwargs kwargs) {
-  TORCH_CHECK_TYPE(
-      PyCallable_Check(fn.ptr()), "submit() expects a callable as its first argument, got an "
-      "object of type ", Py_TYPE(fn.ptr())->tp_name);
+  TORCH_CHECK_TYPE(PyCallable_Check(fn.ptr()),
+                   "submit() expects a callable as its first argument, got an "
+                   "object of type ",
+                   Py_TYPE(fn.ptr())->tp_name);
   TORCH_CHECK(
       !python_exiting() &&
           (!g_draining.load(std::memory_order_acquire) || core::WorkerThread::current_id() >= 0),
@@ -284,9 +284,9 @@ py::object submit(const PipelinePtr& p, py::object fn, py::tuple args, py::kwarg
   }
   auto hold = std::make_unique<tracking::TaskPins>(tensors, p->worker_id());
 
-  auto task = std::make_unique<PyTask>(&worker, p, std::move(fn), std::move(args),
-                                       std::move(kwargs), future, sync, std::move(hold),
-                                       submitter_profiling());
+  auto task =
+      std::make_unique<PyTask>(&worker, p, std::move(fn), std::move(args), std::move(kwargs),
+                               future, sync, std::move(hold), submitter_profiling());
   const uint64_t seq = worker.submit(std::move(task));
   sync->set_seq(seq);
   p->note_task(seq);
@@ -310,15 +310,14 @@ std::vector<at::Tensor> collect_tensors(py::handle obj) {
     todo.pop_back();
     PyObject* ptr = o.ptr();
     const bool tensor = THPVariable_Check(ptr);
-    const bool builtin = !tensor && (PyList_Check(ptr) || PyTuple_Check(ptr) ||
-                                     PyDict_Check(ptr) || PyAnySet_Check(ptr));
+    const bool builtin = !tensor && (PyList_Check(ptr) || PyTuple_Check(ptr) || PyDict_Check(ptr) ||
+                                     PyAnySet_Check(ptr));
     // The attribute lookup not for every int, str and plain container of a state_dict; but for
     // subclasses (HF's ModelOutput is an OrderedDict dataclass, walked by its fields).
-    const bool exact = PyList_CheckExact(ptr) || PyTuple_CheckExact(ptr) ||
-                       PyDict_CheckExact(ptr) || PyAnySet_CheckExact(ptr) ||
-                       PyLong_CheckExact(ptr) || PyFloat_CheckExact(ptr) ||
-                       PyUnicode_CheckExact(ptr) || PyBytes_CheckExact(ptr) || ptr == Py_None ||
-                       PyBool_Check(ptr);
+    const bool exact =
+        PyList_CheckExact(ptr) || PyTuple_CheckExact(ptr) || PyDict_CheckExact(ptr) ||
+        PyAnySet_CheckExact(ptr) || PyLong_CheckExact(ptr) || PyFloat_CheckExact(ptr) ||
+        PyUnicode_CheckExact(ptr) || PyBytes_CheckExact(ptr) || ptr == Py_None || PyBool_Check(ptr);
     const bool dataclass = !tensor && !exact && is_dataclass_instance(ptr);
     const bool container = builtin || dataclass;
     if ((!tensor && !container) || !seen.insert(ptr).second) {
@@ -335,8 +334,8 @@ std::vector<at::Tensor> collect_tensors(py::handle obj) {
       }
     } else if (dataclass) {
       // Its fields (ClassVar and InitVar pseudo-fields are listed too: a missing one is skipped).
-      py::object fields = py::handle(reinterpret_cast<PyObject*>(Py_TYPE(ptr)))
-                              .attr("__dataclass_fields__");
+      py::object fields =
+          py::handle(reinterpret_cast<PyObject*>(Py_TYPE(ptr))).attr("__dataclass_fields__");
       for (py::handle name : fields) {
         todo.push_back(py::getattr(o, name, py::none()));
       }

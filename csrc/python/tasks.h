@@ -19,8 +19,8 @@ void set_future_class(pybind11::object cls);
 // Queues fn(*args, **kwargs) on p's worker thread, to run with p current; returns its future.
 // The future is a plain (device-less) torch future, so the result may be any Python object; the
 // ordering of wait() comes from the task's TaskSync (TaskFuture.wait).
-pybind11::object submit(
-    const PipelinePtr& p, pybind11::object fn, pybind11::tuple args, pybind11::kwargs kwargs);
+pybind11::object submit(const PipelinePtr& p, pybind11::object fn, pybind11::tuple args,
+                        pybind11::kwargs kwargs);
 
 // The tensors a task is given: `obj` itself, or inside lists, tuples (namedtuples), dicts (keys
 // and values) and sets, at any depth (iterative, each container once, so cycles end); tensor

@@ -8,7 +8,8 @@ namespace torch_pipeline {
 namespace {
 
 // Constant-initialised, so a backend may register during static initialisation in any order.
-std::array<std::atomic<CaptureProbe>, static_cast<size_t>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES)>
+std::array<std::atomic<CaptureProbe>,
+           static_cast<size_t>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES)>
     g_probes{};
 
 }  // namespace

@@ -118,8 +118,8 @@ std::unique_ptr<at::ObserverContext> on_c10d_op(const at::RecordFunction& fn) {
       return nullptr;
     }
     std::ostringstream os;
-    os << fn.name() << " on process group " << pg << " from " << describe(me)
-       << ", which " << describe(it->second)
+    os << fn.name() << " on process group " << pg << " from " << describe(me) << ", which "
+       << describe(it->second)
        << " also issues collectives on: collectives issued concurrently from two threads into one "
           "process group can run in a different order on different ranks and deadlock; give each "
           "thread its own group (torch_pipeline.distributed.thread_groups)";

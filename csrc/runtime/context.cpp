@@ -53,8 +53,8 @@ c10::Stream exchange(const c10::Stream& s) {
 }
 
 bool has_device(const std::vector<c10::Stream>& streams, const c10::Device& d) {
-  return std::any_of(
-      streams.begin(), streams.end(), [&](const c10::Stream& s) { return s.device() == d; });
+  return std::any_of(streams.begin(), streams.end(),
+                     [&](const c10::Stream& s) { return s.device() == d; });
 }
 
 // The stream that was current on `device` before the outermost open entry switched it.
@@ -119,8 +119,8 @@ DeviceStreams lane_streams(PipelineImpl& p) {
   }
   DeviceStreams lane;
   auto add = [&](const c10::Device& d) {
-    const bool present = std::any_of(
-        lane.begin(), lane.end(), [&](const auto& ds) { return ds.first == d; });
+    const bool present =
+        std::any_of(lane.begin(), lane.end(), [&](const auto& ds) { return ds.first == d; });
     if (!present) {
       lane.emplace_back(d, base_stream(d));
     }
@@ -183,8 +183,9 @@ void exit_pipeline(const PipelineImpl* p) {
   TORCH_CHECK(
       top.pipeline.get() == p,
       "pipeline contexts must be exited in the reverse order of entering them: the innermost "
-      "open context on this thread is of pipeline ", top.pipeline->id(), " (worker thread ",
-      top.pipeline->worker_id(), "), not of the one being exited");
+      "open context on this thread is of pipeline ",
+      top.pipeline->id(), " (worker thread ", top.pipeline->worker_id(),
+      "), not of the one being exited");
   for (auto it = top.saved.rbegin(); it != top.saved.rend(); ++it) {
     exchange(*it);
   }
@@ -211,9 +212,7 @@ void set_pipeline(const PipelinePtr& p) {
   tls.current = p;
 }
 
-PipelineGuard::PipelineGuard(PipelinePtr p) : pipeline_(std::move(p)) {
-  enter_pipeline(pipeline_);
-}
+PipelineGuard::PipelineGuard(PipelinePtr p) : pipeline_(std::move(p)) { enter_pipeline(pipeline_); }
 
 PipelineGuard::~PipelineGuard() {
   try {

@@ -28,8 +28,7 @@ std::optional<c10::DeviceType> accelerator() {
     } catch (const std::exception&) {
       acc = std::nullopt;  // several accelerators registered: treat as none we can pick
     }
-    if (acc.has_value() &&
-        (!c10::impl::hasDeviceGuardImpl(*acc) || device_count(*acc) == 0)) {
+    if (acc.has_value() && (!c10::impl::hasDeviceGuardImpl(*acc) || device_count(*acc) == 0)) {
       acc = std::nullopt;
     }
     cached = acc.has_value() ? static_cast<int>(*acc) : -1;
@@ -41,9 +40,7 @@ std::optional<c10::DeviceType> accelerator() {
   return static_cast<c10::DeviceType>(cached);
 }
 
-void refresh_accelerator() {
-  cached_accelerator.store(-2, std::memory_order_release);
-}
+void refresh_accelerator() { cached_accelerator.store(-2, std::memory_order_release); }
 
 c10::DeviceIndex device_count(c10::DeviceType type) {
   if (type == c10::kCPU || !c10::impl::hasDeviceGuardImpl(type)) {
@@ -78,26 +75,24 @@ bool device_initialized(const c10::Device& device) {
 
 c10::Device check_stream_device(const c10::Device& device) {
   const auto type = device.type();
+  TORCH_CHECK_VALUE(type != c10::kCPU,
+                    "device 'cpu' has no streams; pass an accelerator device such as 'cuda:0'");
+  TORCH_CHECK_VALUE(c10::impl::hasDeviceGuardImpl(type), "device ", device,
+                    ": this PyTorch has no '", c10::DeviceTypeName(type, /*lower_case=*/true),
+                    "' support (no stream implementation is "
+                    "registered for it)");
   TORCH_CHECK_VALUE(
-      type != c10::kCPU,
-      "device 'cpu' has no streams; pass an accelerator device such as 'cuda:0'");
-  TORCH_CHECK_VALUE(
-      c10::impl::hasDeviceGuardImpl(type), "device ", device, ": this PyTorch has no '",
-      c10::DeviceTypeName(type, /*lower_case=*/true), "' support (no stream implementation is "
-      "registered for it)");
-  TORCH_CHECK_VALUE(
-      at::isAccelerator(type), "device ", device, " is not an accelerator: pipelines have "
+      at::isAccelerator(type), "device ", device,
+      " is not an accelerator: pipelines have "
       "streams on accelerator devices only (cuda, or a registered backend such as sim)");
   const c10::DeviceIndex count = device_count(type);
-  TORCH_CHECK_VALUE(
-      count > 0, "device ", device, " does not exist: no '", c10::DeviceTypeName(type, true),
-      "' device is available in this process");
+  TORCH_CHECK_VALUE(count > 0, "device ", device, " does not exist: no '",
+                    c10::DeviceTypeName(type, true), "' device is available in this process");
   c10::Device resolved = device.has_index() ? device : current_device(type);
-  TORCH_CHECK_VALUE(
-      resolved.index() >= 0 && resolved.index() < count, "device ", resolved,
-      " does not exist: this process sees ", static_cast<int>(count), " '",
-      c10::DeviceTypeName(type, true), "' device(s) (indices 0..",
-      static_cast<int>(count) - 1, ")");
+  TORCH_CHECK_VALUE(resolved.index() >= 0 && resolved.index() < count, "device ", resolved,
+                    " does not exist: this process sees ", static_cast<int>(count), " '",
+                    c10::DeviceTypeName(type, true), "' device(s) (indices 0..",
+                    static_cast<int>(count) - 1, ")");
   return resolved;
 }
 
@@ -116,18 +111,16 @@ std::string devices_that_exist(c10::DeviceType type) {
 }  // namespace
 
 void check_device_index(c10::DeviceType type, long long index) {
-  TORCH_CHECK_VALUE(
-      index >= 0 && index < device_count(type), "device index ", index, " does not exist: ",
-      devices_that_exist(type));
+  TORCH_CHECK_VALUE(index >= 0 && index < device_count(type), "device index ", index,
+                    " does not exist: ", devices_that_exist(type));
 }
 
 void check_device_string(const std::string& text) {
   const auto colon = text.find(':');
   const std::string type_name = text.substr(0, colon);
-  TORCH_CHECK_VALUE(
-      type_name != "sim" || c10::get_privateuse1_backend() == "sim", "device '", text,
-      "': the sim device is not enabled in this process; call "
-      "torch_pipeline.sim.enable(num_devices) first");
+  TORCH_CHECK_VALUE(type_name != "sim" || c10::get_privateuse1_backend() == "sim", "device '", text,
+                    "': the sim device is not enabled in this process; call "
+                    "torch_pipeline.sim.enable(num_devices) first");
   if (colon == std::string::npos || colon + 1 >= text.size()) {
     return;
   }
@@ -142,8 +135,7 @@ void check_device_string(const std::string& text) {
     return;  // torch parses it exactly; the range is checked where the device is used
   }
   const c10::DeviceType type = c10::Device(type_name).type();
-  TORCH_CHECK_VALUE(
-      false, "device '", text, "' does not exist: ", devices_that_exist(type));
+  TORCH_CHECK_VALUE(false, "device '", text, "' does not exist: ", devices_that_exist(type));
 }
 
 std::vector<c10::Device> initialized_accelerator_devices() {

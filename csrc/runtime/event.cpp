@@ -18,11 +18,9 @@ void PipelineEvent::record(PipelineImpl& p) {
   marks.reserve(lane.size());
   for (const auto& [device, stream] : lane) {
     marks.push_back(tracking::mark(stream));  // (before the record: the event covers the mark)
-    fresh.emplace_back(
-        device,
-        c10::Event(
-            device.type(),
-            enable_timing_ ? c10::EventFlag::BACKEND_DEFAULT : c10::EventFlag::PYTORCH_DEFAULT));
+    fresh.emplace_back(device,
+                       c10::Event(device.type(), enable_timing_ ? c10::EventFlag::BACKEND_DEFAULT
+                                                                : c10::EventFlag::PYTORCH_DEFAULT));
     fresh.back().second.record(stream);
   }
   std::lock_guard<std::mutex> lock(mutex_);
@@ -68,14 +66,12 @@ void PipelineEvent::synchronize() const {
 }
 
 double PipelineEvent::elapsed_time(const PipelineEvent& end, const c10::Device& device) const {
-  TORCH_CHECK_VALUE(
-      enable_timing_ && end.enable_timing_,
-      "elapsed_time needs both events created with enable_timing=True");
+  TORCH_CHECK_VALUE(enable_timing_ && end.enable_timing_,
+                    "elapsed_time needs both events created with enable_timing=True");
   if (&end == this) {
     const std::vector<c10::Device> recorded = devices();
-    TORCH_CHECK_VALUE(
-        std::find(recorded.begin(), recorded.end(), device) != recorded.end(),
-        "elapsed_time: the event was not recorded on ", device);
+    TORCH_CHECK_VALUE(std::find(recorded.begin(), recorded.end(), device) != recorded.end(),
+                      "elapsed_time: the event was not recorded on ", device);
     return 0.0;
   }
   std::scoped_lock lock(mutex_, end.mutex_);
@@ -87,9 +83,8 @@ double PipelineEvent::elapsed_time(const PipelineEvent& end, const c10::Device& 
   for (const auto& de : end.events_) {
     if (de.first == device) b = &de.second;
   }
-  TORCH_CHECK_VALUE(
-      a != nullptr && b != nullptr, "elapsed_time: both events must have been recorded on ",
-      device);
+  TORCH_CHECK_VALUE(a != nullptr && b != nullptr,
+                    "elapsed_time: both events must have been recorded on ", device);
   return a->elapsedTime(*b);
 }
 

@@ -27,22 +27,41 @@ namespace {
 // (Leaked, as the cache is: ops may run on other threads while the process exits.)
 const std::vector<std::string>* g_no_data_ops = new std::vector<std::string>{
     // Shape and layout queries: sizes, strides and offset live in the TensorImpl.
-    "aten::size", "aten::sym_size", "aten::stride", "aten::sym_stride", "aten::numel",
-    "aten::sym_numel", "aten::dim", "aten::storage_offset", "aten::sym_storage_offset",
+    "aten::size",
+    "aten::sym_size",
+    "aten::stride",
+    "aten::sym_stride",
+    "aten::numel",
+    "aten::sym_numel",
+    "aten::dim",
+    "aten::storage_offset",
+    "aten::sym_storage_offset",
     "aten::is_contiguous",
     // dtype queries.
-    "aten::is_complex", "aten::is_floating_point", "aten::is_signed",
+    "aten::is_complex",
+    "aten::is_floating_point",
+    "aten::is_signed",
     // Flags of the tensor (math bits, the zero-tensor dispatch key), not of its values.
-    "aten::is_conj", "aten::is_neg", "aten::_is_zerotensor",
+    "aten::is_conj",
+    "aten::is_neg",
+    "aten::_is_zerotensor",
     // Autograd metadata.
-    "aten::is_inference", "aten::is_leaf", "aten::output_nr", "aten::_version",
+    "aten::is_inference",
+    "aten::is_leaf",
+    "aten::output_nr",
+    "aten::_version",
     // Compare two tensors' metadata (sizes; TensorImpl types; storage and geometry), not bytes.
-    "aten::is_same_size", "aten::_has_compatible_shallow_copy_type", "aten::is_set_to",
+    "aten::is_same_size",
+    "aten::_has_compatible_shallow_copy_type",
+    "aten::is_set_to",
     "aten::_has_same_storage_numel",  // (autograd checks it on tensors of torch.func levels)
     // Forward-mode AD plumbing: splits a dual tensor into its primal (a view) and tangent.
     "aten::_unpack_dual",
     // Sparse tensors' metadata.
-    "aten::_nnz", "aten::sparse_dim", "aten::dense_dim", "aten::is_coalesced",
+    "aten::_nnz",
+    "aten::sparse_dim",
+    "aten::dense_dim",
+    "aten::is_coalesced",
     // Asks the allocator about the data pointer.
     "aten::is_pinned",
     // Schema: Tensor(a!) self; it tells the allocator that the storage is used on a stream.
@@ -51,10 +70,16 @@ const std::vector<std::string>* g_no_data_ops = new std::vector<std::string>{
 
 // Ops whose CUDA kernels wait for the device although they return tensors: their output size
 // depends on the data (equal returns a bool, which marks it anyway; listed for the reader).
-const std::vector<std::string>* g_host_sync_ops = new std::vector<std::string>{
-    "aten::nonzero", "aten::masked_select", "aten::_unique", "aten::_unique2",
-    "aten::unique_dim", "aten::unique_consecutive", "aten::unique_dim_consecutive",
-    "aten::repeat_interleave", "aten::equal"};
+const std::vector<std::string>* g_host_sync_ops =
+    new std::vector<std::string>{"aten::nonzero",
+                                 "aten::masked_select",
+                                 "aten::_unique",
+                                 "aten::_unique2",
+                                 "aten::unique_dim",
+                                 "aten::unique_consecutive",
+                                 "aten::unique_dim_consecutive",
+                                 "aten::repeat_interleave",
+                                 "aten::equal"};
 
 bool listed(const std::vector<std::string>& list, const std::string& name) {
   return std::find(list.begin(), list.end(), name) != list.end();
@@ -121,7 +146,7 @@ OpFacts compute(const c10::FunctionSchema& s) {
     }
   }
   f.may_move |= f.name == "aten::resize_" || f.name == "aten::resize_as_" ||
-      f.name == "aten::_resize_output_";
+                f.name == "aten::_resize_output_";
   if (f.name == "inductor::resize_storage_bytes_" && !f.write.empty()) {
     // UntypedStorage.resize_ as Dynamo traces it (compiled FSDP2): its schema declares no write,
     // yet it frees or reallocates the tensor's storage.
@@ -275,19 +300,14 @@ const OpFacts& op_facts(const c10::OperatorName& name) {
     return *f;
   }
   // Outside our lock: the dispatcher takes its own.
-  if (const std::optional<c10::OperatorHandle> op =
-          c10::Dispatcher::singleton().findSchema(name)) {
+  if (const std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findSchema(name)) {
     return op_facts(*op);
   }
   return unknown_facts();  // not cached: the operator may be registered later
 }
 
-const std::vector<std::string>& no_data_ops() {
-  return *g_no_data_ops;
-}
+const std::vector<std::string>& no_data_ops() { return *g_no_data_ops; }
 
-const std::vector<std::string>& host_sync_ops() {
-  return *g_host_sync_ops;
-}
+const std::vector<std::string>& host_sync_ops() { return *g_host_sync_ops; }
 
 }  // namespace torch_pipeline

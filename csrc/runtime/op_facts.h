@@ -29,7 +29,7 @@ struct OpFacts {
   // access of their own. The tracker looks through them to the ops they call (x.to(dtype) is
   // aten::to, a view op, around aten::_to_copy); the sim device records nothing for them.
   bool transparent = false;
-  int non_blocking = -1;    // index of a bool argument named non_blocking, or -1
+  int non_blocking = -1;  // index of a bool argument named non_blocking, or -1
   // Per return: the schema says it aliases an argument (Tensor(a), Tensor(a!)): it is that
   // argument, never a fresh output, even when it comes back with another storage than it went in
   // with (set_ from a Storage, which no tensor input shows).
@@ -42,7 +42,7 @@ struct OpFacts {
   // (not tensors, not torchbind objects such as a c10d Work), or one listed in op_facts.cpp whose
   // output size depends on the data. Never set for transparent ops. Used by the sim device.
   bool syncs_host = false;
-  bool known = false;       // false: no schema (not a dispatcher op); treated as transparent
+  bool known = false;  // false: no schema (not a dispatcher op); treated as transparent
 };
 
 // Whether an argument with this alias annotation is written by the op (Tensor(a!), or a list of

@@ -35,8 +35,8 @@ c10::Stream SlotTable::stream(int64_t slot, const c10::Device& device) {
   return s;
 }
 
-PipelineImpl::PipelineImpl(
-    SlotTable* table, int64_t slot, int worker_id, int priority, uint64_t generation)
+PipelineImpl::PipelineImpl(SlotTable* table, int64_t slot, int worker_id, int priority,
+                           uint64_t generation)
     : table_(table),
       slot_(slot),
       worker_id_(worker_id),
@@ -90,8 +90,8 @@ c10::Stream PipelineImpl::own_stream(const c10::Device& device) {
   bool added = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    const bool present = std::any_of(
-        streams_.begin(), streams_.end(), [&](const auto& ds) { return ds.first == device; });
+    const bool present = std::any_of(streams_.begin(), streams_.end(),
+                                     [&](const auto& ds) { return ds.first == device; });
     if (!present) {
       streams_.emplace_back(device, s);
       added = true;
@@ -110,8 +110,7 @@ DeviceStreams PipelineImpl::own_streams() const {
 
 void PipelineImpl::note_task(uint64_t seq) {
   uint64_t prev = last_task_.load(std::memory_order_relaxed);
-  while (prev < seq &&
-         !last_task_.compare_exchange_weak(prev, seq, std::memory_order_acq_rel)) {
+  while (prev < seq && !last_task_.compare_exchange_weak(prev, seq, std::memory_order_acq_rel)) {
   }
 }
 

@@ -68,14 +68,12 @@ int max_worker_threads() {
 }
 
 void set_max_worker_threads(int n) {
-  TORCH_CHECK_VALUE(
-      n >= 1 && n <= kMaxWorkerThreadsLimit, "max worker threads must be in [1, ",
-      kMaxWorkerThreadsLimit, "], got ", n);
+  TORCH_CHECK_VALUE(n >= 1 && n <= kMaxWorkerThreadsLimit, "max worker threads must be in [1, ",
+                    kMaxWorkerThreadsLimit, "], got ", n);
   if (g_cap_frozen.load(std::memory_order_acquire)) {
-    TORCH_CHECK(
-        n == g_cap.load(std::memory_order_acquire),
-        "set_max_worker_threads(", n, ") called after the worker threads came into use with a cap of ",
-        g_cap.load(), ": call it before the first Pipeline, get_worker_thread() or submit()");
+    TORCH_CHECK(n == g_cap.load(std::memory_order_acquire), "set_max_worker_threads(", n,
+                ") called after the worker threads came into use with a cap of ", g_cap.load(),
+                ": call it before the first Pipeline, get_worker_thread() or submit()");
     return;
   }
   g_cap.store(n, std::memory_order_release);
@@ -95,9 +93,7 @@ Runtime& Runtime::get() {
   return *rt;
 }
 
-uint64_t Runtime::current_generation() {
-  return g_generation.load(std::memory_order_acquire);
-}
+uint64_t Runtime::current_generation() { return g_generation.load(std::memory_order_acquire); }
 
 void Runtime::set_idle_hook(std::function<void()> hook) {
   TORCH_INTERNAL_ASSERT(g_idle_hook == nullptr, "idle hook set twice");
@@ -126,7 +122,8 @@ void Runtime::check_worker_id(int id) {
       id >= 0 && id < cap, "worker thread id ", id, " is out of range: the cap is ", cap,
       " worker threads (ids 0..", cap - 1,
       "); raise it with torch_pipeline.set_max_worker_threads(n) before first use, or with the "
-      "environment variable ", kCapEnv);
+      "environment variable ",
+      kCapEnv);
 }
 
 core::WorkerThread& Runtime::worker(int id) {
@@ -192,8 +189,8 @@ PipelinePtr Runtime::create_pipeline(int worker_id, int priority) {
 
 c10::Stream Runtime::comm_stream(int worker_id, const c10::Device& device) {
   check_worker_id(worker_id);
-  const auto key = std::make_tuple(worker_id, static_cast<int>(device.type()),
-                                   static_cast<int>(device.index()));
+  const auto key =
+      std::make_tuple(worker_id, static_cast<int>(device.type()), static_cast<int>(device.index()));
   c10::Stream out = c10::Stream(c10::Stream::DEFAULT, device);
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -42,9 +42,9 @@ int64_t env_int(const char* name, int64_t lo, int64_t hi, int64_t fallback) {
   char* end = nullptr;
   errno = 0;
   const long long value = std::strtoll(text->c_str(), &end, 10);
-  TORCH_CHECK_VALUE(errno == 0 && end != text->c_str() && *end == '\0' && value >= lo && value <= hi,
-                    name, "='", *text, "' is not a valid setting: expected an integer in [", lo,
-                    ", ", hi, "]");
+  TORCH_CHECK_VALUE(
+      errno == 0 && end != text->c_str() && *end == '\0' && value >= lo && value <= hi, name, "='",
+      *text, "' is not a valid setting: expected an integer in [", lo, ", ", hi, "]");
   return value;
 }
 

@@ -33,8 +33,9 @@ c10::Stream new_stream(c10::Device device, int priority);
 struct PriorityRange {
   int greatest = -3;  // numerically smallest: the highest priority
   int least = 0;      // the lowest priority (the default)
-  std::string source = "a backend without a range of its own (fixed, the levels of torch's CUDA "
-                       "stream pools)";
+  std::string source =
+      "a backend without a range of its own (fixed, the levels of torch's CUDA "
+      "stream pools)";
 };
 
 // A backend's range, or nullopt while it has no device (registered at static-initialisation time

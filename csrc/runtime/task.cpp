@@ -37,8 +37,8 @@ void TaskSync::record_end(PipelineImpl& p) {
   // Every device that may hold work of the task: those initialised when it was submitted (the
   // devices of start_; initialisation is never undone) and those it initialised itself.
   for (const c10::Device& d : initialized_accelerator_devices()) {
-    const bool present = std::any_of(
-        lane.begin(), lane.end(), [&](const auto& ds) { return ds.first == d; });
+    const bool present =
+        std::any_of(lane.begin(), lane.end(), [&](const auto& ds) { return ds.first == d; });
     if (!present) {
       lane.emplace_back(d, pipeline_stream(p, d));
     }
@@ -62,9 +62,7 @@ void TaskSync::mark_done() {
   cv_.notify_all();
 }
 
-bool TaskSync::done() const {
-  return done_.load(std::memory_order_acquire);
-}
+bool TaskSync::done() const { return done_.load(std::memory_order_acquire); }
 
 bool TaskSync::wait_for(std::chrono::milliseconds timeout) const {
   const auto spin_until = std::chrono::steady_clock::now() + kSpin;

@@ -91,23 +91,24 @@ struct Stats {
   uint64_t released = 0;        // of those, let go after their use completed
   uint64_t kept_alive = 0;      // kept alive now
   uint64_t kept_alive_bytes = 0;  // their bytes
-  uint64_t storages = 0;        // storages with tracked state now
-  uint64_t streams = 0;         // streams known in the current live period
-  uint64_t unclaimed = 0;       // ops on tensors without storage (torch.func, wrapper subclasses)
-                                // left to the ops they call
-  uint64_t gaps = 0;            // ops seen on a device whose accesses could not be accounted for
+  uint64_t storages = 0;          // storages with tracked state now
+  uint64_t streams = 0;           // streams known in the current live period
+  uint64_t unclaimed = 0;         // ops on tensors without storage (torch.func, wrapper subclasses)
+                                  // left to the ops they call
+  uint64_t gaps = 0;              // ops seen on a device whose accesses could not be accounted for
   std::vector<std::string> gap_ops;  // their operator names (each warned about once)
   uint64_t compiled_regions = 0;     // compiled-region calls tracked as one op (CompiledRegion)
   uint64_t compiled_unwrapped = 0;   // compiled regions that ran without one (warned about once)
-  uint64_t captures = 0;        // graph captures begun through the hooks
-  uint64_t captures_underway = 0;  // of those, underway now (device queries paused meanwhile)
-  int64_t queries_paused = 0;   // pauses of the tracker's device queries now (captures underway
-                                // or about to begin)
-  uint64_t capture_forks = 0;   // streams forked into a capture (a side pipeline's first op in it)
-  uint64_t capture_joins = 0;   // streams joined back at a capture's end (their work unwaited for)
-  uint64_t capture_kept = 0;    // storages kept alive for the lifetime of captured graphs
-  uint64_t graph_replays = 0;   // replays of captured graphs ordered like one op
-  uint64_t polls_paused = 0;    // keep-alive polls and host waits skipped while a capture was underway
+  uint64_t captures = 0;             // graph captures begun through the hooks
+  uint64_t captures_underway = 0;    // of those, underway now (device queries paused meanwhile)
+  int64_t queries_paused = 0;  // pauses of the tracker's device queries now (captures underway
+                               // or about to begin)
+  uint64_t capture_forks = 0;  // streams forked into a capture (a side pipeline's first op in it)
+  uint64_t capture_joins = 0;  // streams joined back at a capture's end (their work unwaited for)
+  uint64_t capture_kept = 0;   // storages kept alive for the lifetime of captured graphs
+  uint64_t graph_replays = 0;  // replays of captured graphs ordered like one op
+  uint64_t polls_paused =
+      0;  // keep-alive polls and host waits skipped while a capture was underway
 };
 Stats stats();
 
@@ -127,7 +128,7 @@ void set_blocking_wait(BlockingWait wait);
 struct Mark {
   uint64_t period = 0;  // the live period the mark was taken in (0: none)
   core::StreamId stream = 0;
-  uint64_t seq = 0;     // every op of `stream` up to this position launched before the mark
+  uint64_t seq = 0;  // every op of `stream` up to this position launched before the mark
 };
 Mark mark(const c10::Stream& stream);
 void waited(const c10::Stream& waiter, const Mark& mark);
@@ -178,7 +179,7 @@ class StorageResize {
   StorageResize& operator=(const StorageResize&) = delete;
 
  private:
-  at::Tensor view_;              // bytes of the storage (the tracker's accesses are tensors)
+  at::Tensor view_;               // bytes of the storage (the tracker's accesses are tensors)
   const void* before_ = nullptr;  // its memory before the resize
   bool open_ = false;
   uint64_t period_ = 0;
@@ -192,8 +193,9 @@ class StorageResize {
 // kernels may write any of them) and enters their devices into the current pipeline; the ops it
 // calls are not observed while it runs on this thread (its kernels are its own, whether the
 // dispatcher sees them or not), but for inductor::resize_storage_bytes_ (a block freed or allocated
-// mid-region); outputs() names what it made; close() ends it, like an op's end. No-op while idle, or inside an observed op or region.
-// Whether compiled regions are wrapped (see regions_wrapped in tracking/observer.h).
+// mid-region); outputs() names what it made; close() ends it, like an op's end. No-op while idle,
+// or inside an observed op or region. Whether compiled regions are wrapped (see regions_wrapped in
+// tracking/observer.h).
 void set_regions_wrapped(bool wrapped);
 
 class CompiledRegion {

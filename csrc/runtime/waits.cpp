@@ -205,8 +205,10 @@ DrainResult drain_tasks(double timeout_s) {
     out.why = std::string("waiting was interrupted (") + e.what() + ")";
   }
   if (!out.finished) {
-    const std::string reason = "torch_pipeline: task cancelled at interpreter exit before it "
-                               "started, because " + out.why;
+    const std::string reason =
+        "torch_pipeline: task cancelled at interpreter exit before it "
+        "started, because " +
+        out.why;
     for (core::WorkerThread* w : Runtime::get().workers()) {
       out.cancelled += w->cancel_pending(reason);
       out.running += w->busy() ? 1 : 0;

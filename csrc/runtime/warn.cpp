@@ -7,9 +7,7 @@
 
 namespace torch_pipeline {
 
-void warn(const std::string& message) {
-  TORCH_WARN("torch_pipeline: ", message);
-}
+void warn(const std::string& message) { TORCH_WARN("torch_pipeline: ", message); }
 
 void warn_once(const std::string& key, const std::string& message) {
   static std::mutex mutex;

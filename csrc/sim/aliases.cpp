@@ -29,9 +29,7 @@ AliasResizeAllocator g_alias_allocator;
 
 }  // namespace
 
-bool is_sim(const at::Tensor& t) {
-  return t.defined() && t.device().type() == kSim;
-}
+bool is_sim(const at::Tensor& t) { return t.defined() && t.device().type() == kSim; }
 
 void add_accesses(const at::Tensor& t, bool write, std::vector<Access>& out) {
   if (!t.defined() || !t.has_storage() || t.numel() == 0) {
@@ -99,10 +97,10 @@ at::Tensor host_alias(const at::Tensor& t) {
 at::Tensor to_new_sim_tensor(const at::Tensor& c) {
   const bool dense = c.is_non_overlapping_and_dense();
   at::Tensor out = dense
-      ? at::detail::empty_strided_generic(
-            c.sizes(), c.strides(), device_allocator(), kSimKeys, c.scalar_type())
-      : at::detail::empty_generic(
-            c.sizes(), device_allocator(), kSimKeys, c.scalar_type(), std::nullopt);
+                       ? at::detail::empty_strided_generic(
+                             c.sizes(), c.strides(), device_allocator(), kSimKeys, c.scalar_type())
+                       : at::detail::empty_generic(c.sizes(), device_allocator(), kSimKeys,
+                                                   c.scalar_type(), std::nullopt);
   if (c._is_zerotensor()) {
     // An efficient zero tensor (forward-mode AD's zero tangents, _efficientzerotensor) has no
     // memory to copy: its sim result is a tensor of zeros.

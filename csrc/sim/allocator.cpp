@@ -26,8 +26,8 @@ struct Block {
   void* ptr = nullptr;
   size_t size = 0;
   c10::DeviceIndex device = 0;
-  c10::StreamId stream = 0;          // the stream it was allocated on (its pool)
-  std::vector<Timeline> uses;        // other streams it was recorded on (record_stream)
+  c10::StreamId stream = 0;    // the stream it was allocated on (its pool)
+  std::vector<Timeline> uses;  // other streams it was recorded on (record_stream)
   bool allocated = false;
 };
 
@@ -42,9 +42,7 @@ struct Pending {
 
 void free_block(void* ctx);
 
-size_t round_up(size_t n) {
-  return (n + kAlignment - 1) / kAlignment * kAlignment;
-}
+size_t round_up(size_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
 
 class SimAllocator final : public c10::DeviceAllocator {
  public:
@@ -75,9 +73,10 @@ class SimAllocator final : public c10::DeviceAllocator {
       } else {
         void* ptr = std::aligned_alloc(kAlignment, size);
         if (ptr == nullptr) {
-          TORCH_CHECK_WITH(
-              OutOfMemoryError, false, "sim:", static_cast<int>(d), ": out of host memory "
-              "allocating ", size, " bytes");
+          TORCH_CHECK_WITH(OutOfMemoryError, false, "sim:", static_cast<int>(d),
+                           ": out of host memory "
+                           "allocating ",
+                           size, " bytes");
         }
         block = new Block();
         block->ptr = ptr;
@@ -114,9 +113,7 @@ class SimAllocator final : public c10::DeviceAllocator {
     std::memcpy(dest, src, count);
   }
 
-  bool initialized() override {
-    return State::get().num_devices() > 0;
-  }
+  bool initialized() override { return State::get().num_devices() > 0; }
 
   void emptyCache(c10::MempoolId_t) override {
     // Cached blocks are kept: giving them back would hide reuse, which the checker must see.
@@ -157,8 +154,8 @@ class SimAllocator final : public c10::DeviceAllocator {
     d = check_device(d);
     std::lock_guard<std::mutex> lock(mutex_);
     auto& s = stats_[static_cast<size_t>(d)];
-    for (auto* array : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes,
-                        &s.reserved_bytes, &s.active_bytes, &s.requested_bytes}) {
+    for (auto* array : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes, &s.reserved_bytes,
+                        &s.active_bytes, &s.requested_bytes}) {
       for (auto& stat : *array) {
         fn(stat);
       }
@@ -169,8 +166,8 @@ class SimAllocator final : public c10::DeviceAllocator {
     d = check_device(d);
     constexpr size_t kTotal = size_t{64} << 30;  // a nominal 64 GiB device
     std::lock_guard<std::mutex> lock(mutex_);
-    const auto used = static_cast<size_t>(
-        stats_[static_cast<size_t>(d)].reserved_bytes[kAggregate].current);
+    const auto used =
+        static_cast<size_t>(stats_[static_cast<size_t>(d)].reserved_bytes[kAggregate].current);
     return {used < kTotal ? kTotal - used : 0, kTotal};
   }
 
@@ -273,7 +270,8 @@ class SimAllocator final : public c10::DeviceAllocator {
 
   std::mutex mutex_;
   // (device, stream) -> block size -> free blocks of that size, most recently freed last
-  std::map<std::pair<c10::DeviceIndex, c10::StreamId>, std::map<size_t, std::vector<Block*>>> pools_;
+  std::map<std::pair<c10::DeviceIndex, c10::StreamId>, std::map<size_t, std::vector<Block*>>>
+      pools_;
   std::vector<Pending> pending_;
   std::map<uintptr_t, Block*> blocks_;  // every block ever made, by address
   std::map<const Block*, size_t> block_requested_;
@@ -285,15 +283,11 @@ SimAllocator& the_allocator() {
   return *a;
 }
 
-void free_block(void* ctx) {
-  the_allocator().free(static_cast<Block*>(ctx));
-}
+void free_block(void* ctx) { the_allocator().free(static_cast<Block*>(ctx)); }
 
 }  // namespace
 
-c10::DeviceAllocator* device_allocator() {
-  return &the_allocator();
-}
+c10::DeviceAllocator* device_allocator() { return &the_allocator(); }
 
 void record_stream(const c10::DataPtr& data_ptr, const c10::Stream& stream) {
   the_allocator().recordStream(data_ptr, stream);
@@ -321,9 +315,7 @@ DeferReuseReports::DeferReuseReports(std::vector<Access>* sink) : previous_(tls_
   tls_reuse_sink = sink;
 }
 
-DeferReuseReports::~DeferReuseReports() {
-  tls_reuse_sink = previous_;
-}
+DeferReuseReports::~DeferReuseReports() { tls_reuse_sink = previous_; }
 
 c10::DataPtr retag(c10::DataPtr&& data_ptr, c10::Device device) {
   void* data = data_ptr.get();

@@ -6,12 +6,12 @@
 // A block that record_stream() marked as used on other streams is held back when freed until
 // those uses are complete: at the next allocation on the device the allocator "queries the
 // events" recorded at free time, which report completion once those streams ran what they had
-// queued then (at once in synchronous mode; executor.h), and the block returns to its pool. That completion is the allocator's knowledge, for that block only: the checker
-// releases the block's uses ordered before those events (RaceChecker::release), and no stream or
-// host clock moves. Reusing a cached block is reported to the race
-// checker as a write of the whole block by the allocating stream, so uses of the block's previous
-// tensor that are not ordered before the reuse race with it. Memory is never given back to the
-// system while the process runs.
+// queued then (at once in synchronous mode; executor.h), and the block returns to its pool. That
+// completion is the allocator's knowledge, for that block only: the checker releases the block's
+// uses ordered before those events (RaceChecker::release), and no stream or host clock moves.
+// Reusing a cached block is reported to the race checker as a write of the whole block by the
+// allocating stream, so uses of the block's previous tensor that are not ordered before the reuse
+// race with it. Memory is never given back to the system while the process runs.
 #pragma once
 
 #include "race_checker.h"

@@ -11,12 +11,12 @@ namespace torch_pipeline {
 namespace sim {
 
 void register_autocast() {
-  auto* all = new torch::Library(
-      torch::Library::IMPL, "_", c10::DispatchKey::AutocastPrivateUse1, __FILE__, __LINE__);
+  auto* all = new torch::Library(torch::Library::IMPL, "_", c10::DispatchKey::AutocastPrivateUse1,
+                                 __FILE__, __LINE__);
   all->fallback(torch::CppFunction::makeFallthrough());
 
-  auto* lib = new torch::Library(
-      torch::Library::IMPL, "aten", c10::DispatchKey::AutocastPrivateUse1, __FILE__, __LINE__);
+  auto* lib = new torch::Library(torch::Library::IMPL, "aten",
+                                 c10::DispatchKey::AutocastPrivateUse1, __FILE__, __LINE__);
   torch::Library& m = *lib;  // the KERNEL macros register on `m`
   using namespace at;        // and name Tensor, Scalar, ScalarType, IntArrayRef unqualified
 #define SIM_LOWER_PRECISION_FP(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)

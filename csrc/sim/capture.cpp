@@ -25,8 +25,8 @@ struct Capture {
   std::vector<std::string> captured_ops;
   std::vector<std::string> eager_ops;
   std::unique_ptr<RaceChecker> checker = std::make_unique<RaceChecker>();
-  std::map<Timeline, Timeline> local;  // sim timeline -> the capture checker's (origin first)
-  std::vector<Access> accesses;        // what the captured ops touched, in order
+  std::map<Timeline, Timeline> local;    // sim timeline -> the capture checker's (origin first)
+  std::vector<Access> accesses;          // what the captured ops touched, in order
   std::vector<std::string> invalidated;  // the illegal calls that invalidated it, if any
 
   void invalidate(const std::string& why) {
@@ -101,7 +101,8 @@ void check_not_capturing(const char* what) {
     }
   }
   TORCH_CHECK(false, "sim: ", what, " is not permitted while a stream capture is underway (on ",
-              streams, "); the capture is invalidated (the sim twin of CUDA's "
+              streams,
+              "); the capture is invalidated (the sim twin of CUDA's "
               "cudaErrorStreamCaptureUnsupported)");
 }
 
@@ -162,9 +163,10 @@ bool captured_wait(Timeline waiter, bool is_default, core::CaptureId capture,
   }
   if (w != core::kNoCapture && capture != w) {
     g_captures->by_id.at(w).invalidate("a wait for an event recorded outside it");
-    TORCH_CHECK(false, "sim: ", State::get().checker().label(waiter), " is capturing and waited "
-                "for an event recorded ", capture == core::kNoCapture ? "outside any capture"
-                                                                     : "in another capture",
+    TORCH_CHECK(false, "sim: ", State::get().checker().label(waiter),
+                " is capturing and waited "
+                "for an event recorded ",
+                capture == core::kNoCapture ? "outside any capture" : "in another capture",
                 " (the sim twin of CUDA's cudaErrorStreamCaptureIsolation)");
   }
   auto it = g_captures->by_id.find(capture);
@@ -174,7 +176,8 @@ bool captured_wait(Timeline waiter, bool is_default, core::CaptureId capture,
   Capture& c = it->second;
   if (w == core::kNoCapture && is_default) {
     c.invalidate("a wait of a default stream for an event recorded in it");
-    TORCH_CHECK(false, "sim: ", State::get().checker().label(waiter), " is a default stream and "
+    TORCH_CHECK(false, "sim: ", State::get().checker().label(waiter),
+                " is a default stream and "
                 "waited for an event recorded in a capture underway; a default stream never "
                 "joins a capture (the sim twin of CUDA's cudaErrorStreamCaptureImplicit for the "
                 "legacy default stream)");
@@ -218,8 +221,10 @@ std::shared_ptr<Graph> end_capture(const c10::Stream& stream) {
     TORCH_CHECK(id != core::kNoCapture, "sim: end_capture: ", State::get().checker().label(t),
                 " is not capturing");
     auto it = g_captures->by_id.find(id);
-    TORCH_CHECK(it->second.origin == t, "sim: end_capture must be called on the stream the "
-                "capture began on (", State::get().checker().label(it->second.origin), ")");
+    TORCH_CHECK(it->second.origin == t,
+                "sim: end_capture must be called on the stream the "
+                "capture began on (",
+                State::get().checker().label(it->second.origin), ")");
     c = std::move(it->second);
     g_captures->by_id.erase(it);
     for (auto i = g_captures->of.begin(); i != g_captures->of.end();) {
@@ -229,7 +234,8 @@ std::shared_ptr<Graph> end_capture(const c10::Stream& stream) {
     // Joined back: the origin is ordered after each joined stream's last captured op.
     const VectorClock origin = c.checker->snapshot(c.local.at(t));
     for (const auto& [sim_t, local] : c.local) {
-      if (sim_t != t && clock_entry(origin, local) < clock_entry(c.checker->snapshot(local), local)) {
+      if (sim_t != t &&
+          clock_entry(origin, local) < clock_entry(c.checker->snapshot(local), local)) {
         unjoined.push_back(State::get().checker().label(sim_t));
       }
     }
@@ -238,27 +244,25 @@ std::shared_ptr<Graph> end_capture(const c10::Stream& stream) {
     std::string why;
     for (const std::string& w : c.invalidated) why += (why.empty() ? "" : ", ") + w;
     TORCH_CHECK(false, "sim: the capture on ", State::get().checker().label(t),
-                " was invalidated by ", why, " while it was underway (the sim twin of CUDA's "
+                " was invalidated by ", why,
+                " while it was underway (the sim twin of CUDA's "
                 "cudaErrorStreamCaptureInvalidated)");
   }
   if (!unjoined.empty()) {
     std::string names;
     for (const std::string& n : unjoined) names += (names.empty() ? "" : ", ") + n;
-    TORCH_CHECK(false, "sim: the capture on ", State::get().checker().label(t),
-                " has work on ", names, " that it never waited for (the sim twin of CUDA's "
+    TORCH_CHECK(false, "sim: the capture on ", State::get().checker().label(t), " has work on ",
+                names,
+                " that it never waited for (the sim twin of CUDA's "
                 "cudaErrorStreamCaptureUnjoined)");
   }
   return std::make_shared<Graph>(std::move(c.accesses), std::move(c.captured_ops),
                                  std::move(c.eager_ops));
 }
 
-uint64_t probe_calls() {
-  return g_probes.load(std::memory_order_relaxed);
-}
+uint64_t probe_calls() { return g_probes.load(std::memory_order_relaxed); }
 
-void register_capture_probe() {
-  torch_pipeline::register_capture_probe(kSim, &probe);
-}
+void register_capture_probe() { torch_pipeline::register_capture_probe(kSim, &probe); }
 
 void reset_captures_in_child() {
   g_captures = new Captures();  // (the parent's may be locked by a thread now gone: leaked)

@@ -38,10 +38,9 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   TORCH_CHECK(src.defined() && dst.defined(), "copy_: undefined tensor");
   const bool src_sim = is_sim(src);
   const bool dst_sim = is_sim(dst);
-  TORCH_CHECK(
-      (src_sim || src.device().is_cpu()) && (dst_sim || dst.device().is_cpu()),
-      "the sim device copies only between sim and cpu tensors, got ", src.device(), " -> ",
-      dst.device());
+  TORCH_CHECK((src_sim || src.device().is_cpu()) && (dst_sim || dst.device().is_cpu()),
+              "the sim device copies only between sim and cpu tensors, got ", src.device(), " -> ",
+              dst.device());
   if (dst.numel() == 0) {
     return dst;
   }
@@ -52,7 +51,8 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   const at::Tensor& host = src_sim ? dst : src;
   std::vector<Access> host_bytes;
   const bool pinned = !(src_sim && dst_sim) && host.has_storage() &&
-      is_pinned(host.storage().data()) && host_accesses(host, /*write=*/src_sim, host_bytes);
+                      is_pinned(host.storage().data()) &&
+                      host_accesses(host, /*write=*/src_sim, host_bytes);
   const std::string name = copy_name(src, dst, non_blocking);
   std::optional<Timeline> sync;   // a blocking copy with the host: the host waits for it
   std::optional<Timeline> async;  // a non_blocking one with pinned memory: watched until then
@@ -133,9 +133,10 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
 }
 
 void record_stream_kernel(at::Tensor& self, c10::Stream stream) {
-  TORCH_CHECK(
-      stream.device_type() == kSim, "record_stream of a sim tensor expects a sim stream, got a "
-      "stream of ", stream.device());
+  TORCH_CHECK(stream.device_type() == kSim,
+              "record_stream of a sim tensor expects a sim stream, got a "
+              "stream of ",
+              stream.device());
   if (self.has_storage()) {
     record_stream(self.storage().data_ptr(), stream);
   }

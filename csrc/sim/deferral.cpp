@@ -136,8 +136,8 @@ bool try_defer(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Op
     auto make = [&](const Result& r, size_t ret, int64_t elem) -> at::Tensor {
       if (r.kind == Result::kNone || r.kind == Result::kUndefined) return at::Tensor();
       if (r.kind == Result::kArgument) return sims[r.argument].sim;
-      at::Tensor out = at::detail::empty_strided_generic(
-          r.sizes, r.strides, device_allocator(), kSimKeys, r.dtype);
+      at::Tensor out = at::detail::empty_strided_generic(r.sizes, r.strides, device_allocator(),
+                                                         kSimKeys, r.dtype);
       add_accesses(out, /*write=*/true, created);
       bytes += nbytes_of(out);
       outputs.push_back(Output{ret, elem, aliases.alias(out)});

@@ -1,6 +1,6 @@
 // enable(): registers the sim backend with c10, ATen and the dispatcher, once per process.
-#include "capture.h"
 #include "allocator.h"
+#include "capture.h"
 #include "executor.h"
 #include "fork.h"
 #include "kernels.h"
@@ -56,13 +56,9 @@ void after_fork_in_child() {
 }
 
 struct SimHooks final : public at::PrivateUse1HooksInterface {
-  bool isBuilt() const override {
-    return true;
-  }
+  bool isBuilt() const override { return true; }
 
-  bool isAvailable() const override {
-    return State::get().num_devices() > 0;
-  }
+  bool isAvailable() const override { return State::get().num_devices() > 0; }
 
   // Random ops run their CPU kernels, which draw from the CPU generator.
   const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override {
@@ -78,13 +74,9 @@ struct SimHooks final : public at::PrivateUse1HooksInterface {
     return c10::Device(kSim, d.has_value() ? *d : current_device());
   }
 
-  bool isPinnedPtr(const void* data) const override {
-    return is_pinned(data);
-  }
+  bool isPinnedPtr(const void* data) const override { return is_pinned(data); }
 
-  at::Allocator* getPinnedMemoryAllocator() const override {
-    return host_allocator();
-  }
+  at::Allocator* getPinnedMemoryAllocator() const override { return host_allocator(); }
 
   bool hasPrimaryContext(c10::DeviceIndex device_index) const override {
     return device_index >= 0 && device_index < State::get().num_devices();
@@ -100,9 +92,7 @@ struct SimHooks final : public at::PrivateUse1HooksInterface {
     set_current_device(check_device(device));
   }
 
-  c10::DeviceIndex getCurrentDevice() const override {
-    return current_device();
-  }
+  c10::DeviceIndex getCurrentDevice() const override { return current_device(); }
 
   c10::DeviceIndex exchangeDevice(c10::DeviceIndex device) const override {
     const c10::DeviceIndex old = current_device();
@@ -134,21 +124,21 @@ void enable(int n, bool strict) {
   State& st = State::get();
   const int have = st.num_devices();
   if (have > 0) {
-    TORCH_CHECK_VALUE(
-        n == have, "torch_pipeline.sim is already enabled with num_devices=", have,
-        "; enable(num_devices=", n, ") cannot change it (the device count is fixed for the "
-        "process)");
+    TORCH_CHECK_VALUE(n == have, "torch_pipeline.sim is already enabled with num_devices=", have,
+                      "; enable(num_devices=", n,
+                      ") cannot change it (the device count is fixed for the "
+                      "process)");
     st.set_strict(strict);
     return;
   }
-  TORCH_CHECK_VALUE(
-      n >= 1 && n <= kMaxDevices, "num_devices must be in [1, ", kMaxDevices, "], got ", n);
-  TORCH_CHECK(
-      !c10::impl::hasDeviceGuardImpl(kSim), "cannot enable torch_pipeline.sim: another backend "
-      "already registered a device guard for PrivateUse1 in this process");
-  TORCH_CHECK(
-      !at::isPrivateUse1HooksRegistered(), "cannot enable torch_pipeline.sim: another backend "
-      "already registered PrivateUse1 hooks in this process");
+  TORCH_CHECK_VALUE(n >= 1 && n <= kMaxDevices, "num_devices must be in [1, ", kMaxDevices,
+                    "], got ", n);
+  TORCH_CHECK(!c10::impl::hasDeviceGuardImpl(kSim),
+              "cannot enable torch_pipeline.sim: another backend "
+              "already registered a device guard for PrivateUse1 in this process");
+  TORCH_CHECK(!at::isPrivateUse1HooksRegistered(),
+              "cannot enable torch_pipeline.sim: another backend "
+              "already registered PrivateUse1 hooks in this process");
 
   st.set_strict(strict);
   register_fork_handlers();  // before the devices exist: no thread uses them yet

@@ -99,9 +99,7 @@ std::function<void()> guarded(Timeline t, const std::string& op, std::function<v
 
 }  // namespace
 
-bool asynchronous() {
-  return g_async.load(std::memory_order_acquire);
-}
+bool asynchronous() { return g_async.load(std::memory_order_acquire); }
 
 void set_asynchronous(bool on) {
   if (!on) {
@@ -163,9 +161,7 @@ void host_wait(Timeline t, uint64_t position, bool report) {
   }
 }
 
-void host_wait(Timeline t, bool report) {
-  host_wait(t, stream_position(t), report);
-}
+void host_wait(Timeline t, bool report) { host_wait(t, stream_position(t), report); }
 
 void stream_wait(Timeline waiter, Timeline t, uint64_t position) {
   if (!asynchronous() || waiter == t || stream_reached(t, position)) {
@@ -183,14 +179,13 @@ void check_async_error() {
     std::lock_guard<std::mutex> lock(g_error_mutex);
     message.swap(*g_error);
   }
-  TORCH_CHECK(
-      message.empty(), "sim: a kernel queued earlier failed on its stream (asynchronous mode "
-      "reports kernel errors at the next synchronizing call, as CUDA does): ", message);
+  TORCH_CHECK(message.empty(),
+              "sim: a kernel queued earlier failed on its stream (asynchronous mode "
+              "reports kernel errors at the next synchronizing call, as CUDA does): ",
+              message);
 }
 
-void shutdown_executors() {
-  set_asynchronous(false);
-}
+void shutdown_executors() { set_asynchronous(false); }
 
 size_t running_executors() {
   size_t n = 0;

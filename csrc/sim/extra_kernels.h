@@ -17,8 +17,9 @@ void register_autocast();
 
 // Registers the fallback as the PrivateUse1 kernel of every aten op that has both a CPU kernel and
 // a CompositeExplicitAutograd one (native_layer_norm, native_group_norm, addr, ...): the dispatcher
-// would pick the composite for a sim tensor, whose results differ from the CPU kernel's in rounding.
-// Also makes scaled_dot_product_attention choose its kernel for sim as it does for the CPU.
+// would pick the composite for a sim tensor, whose results differ from the CPU kernel's in
+// rounding. Also makes scaled_dot_product_attention choose its kernel for sim as it does for the
+// CPU.
 void register_cpu_kernels_over_composites(torch::Library& aten);
 
 }  // namespace sim

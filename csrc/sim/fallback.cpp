@@ -18,12 +18,12 @@
 #include "aliases.h"
 #include "allocator.h"
 #include "deferral.h"
-#include "trace.h"
 #include "executor.h"
 #include "host.h"
 #include "latency.h"
 #include "meta_plan.h"
 #include "state.h"
+#include "trace.h"
 
 #include "../runtime/ivalue_tensors.h"
 #include "../runtime/op_facts.h"
@@ -96,9 +96,9 @@ class FallbackCall {
       std::vector<Access> post = std::move(reused);
       const size_t n_reused = post.size();
       for (auto& a : created) {
-        const bool covered = std::any_of(post.begin(), post.begin() + n_reused, [&](const Access& r) {
-          return r.begin <= a.begin && a.end <= r.end;
-        });
+        const bool covered =
+            std::any_of(post.begin(), post.begin() + n_reused,
+                        [&](const Access& r) { return r.begin <= a.begin && a.end <= r.end; });
         if (!covered) {
           post.push_back(std::move(a));
         }
@@ -184,10 +184,13 @@ class FallbackCall {
       if (device < 0) {
         device = d;
       } else {
-        TORCH_CHECK(
-            d == device, "Expected all tensors to be on the same device, but found at least two "
-            "devices, sim:", static_cast<int>(device), " and sim:", static_cast<int>(d), "! (when "
-            "checking arguments of ", facts_.full_name, ")");
+        TORCH_CHECK(d == device,
+                    "Expected all tensors to be on the same device, but found at least two "
+                    "devices, sim:",
+                    static_cast<int>(device), " and sim:", static_cast<int>(d),
+                    "! (when "
+                    "checking arguments of ",
+                    facts_.full_name, ")");
       }
     };
     c10::DeviceIndex from_device_arg = -1;
@@ -339,9 +342,9 @@ class FallbackCall {
         !c.is_nested(), "the sim device has no nested tensors, and ", facts_.full_name,
         " returned one. nn.TransformerEncoder makes them in eval mode when given a "
         "src_key_padding_mask: construct it with enable_nested_tensor=False to run it on sim");
-    TORCH_CHECK_NOT_IMPLEMENTED(
-        c.layout() == c10::kStrided, "the sim device supports strided tensors only, and ",
-        facts_.full_name, " returned a tensor of layout ", c.layout());
+    TORCH_CHECK_NOT_IMPLEMENTED(c.layout() == c10::kStrided,
+                                "the sim device supports strided tensors only, and ",
+                                facts_.full_name, " returned a tensor of layout ", c.layout());
   }
 
   const c10::OperatorHandle& op_;
@@ -357,8 +360,7 @@ class FallbackCall {
 // Convolutions on backends other than CPU/CUDA go through convolution_overrideable and its
 // backward; on the CPU aliases, aten::convolution / convolution_backward do the work.
 void run_convolution(const c10::OperatorHandle&, torch::jit::Stack* stack, c10::DispatchKeySet) {
-  static const auto conv =
-      c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution", "");
+  static const auto conv = c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution", "");
   conv.callBoxed(stack);
 }
 

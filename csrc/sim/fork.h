@@ -19,15 +19,15 @@ namespace sim {
 // Registers the handlers, once (enable.cpp; called by enable() under its lock).
 void register_fork_handlers();
 
-void lock_allocators_for_fork();     // allocator.cpp (the device's, then the pinned one's)
+void lock_allocators_for_fork();  // allocator.cpp (the device's, then the pinned one's)
 void unlock_allocators_after_fork();
-void lock_pinned_for_fork();         // pinned.cpp
+void lock_pinned_for_fork();  // pinned.cpp
 void unlock_pinned_after_fork();
-void lock_host_for_fork();           // host.cpp
+void lock_host_for_fork();  // host.cpp
 void unlock_host_after_fork();
-void lock_events_for_fork();         // guard.cpp
+void lock_events_for_fork();  // guard.cpp
 void unlock_events_after_fork();
-void lock_latency_for_fork();        // latency.cpp
+void lock_latency_for_fork();  // latency.cpp
 void unlock_latency_after_fork();
 
 }  // namespace sim

@@ -50,7 +50,6 @@ struct SimEvent {
     state = std::move(r);
   }
 
-
   const bool timing;
 
  private:
@@ -58,9 +57,7 @@ struct SimEvent {
 };
 
 struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
-  c10::DeviceType type() const override {
-    return kSim;
-  }
+  c10::DeviceType type() const override { return kSim; }
 
   c10::Device exchangeDevice(c10::Device d) const override {
     const c10::Device old = getDevice();
@@ -68,9 +65,7 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return old;
   }
 
-  c10::Device getDevice() const override {
-    return c10::Device(kSim, current_device());
-  }
+  c10::Device getDevice() const override { return c10::Device(kSim, current_device()); }
 
   void setDevice(c10::Device d) const override {
     TORCH_CHECK(d.type() == kSim, "sim device guard got a device of type ", d.type());
@@ -101,9 +96,7 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return State::get().pool_stream(d.index(), priority);
   }
 
-  c10::Stream exchangeStream(c10::Stream s) const override {
-    return exchange_stream(s);
-  }
+  c10::Stream exchangeStream(c10::Stream s) const override { return exchange_stream(s); }
 
   void* getStreamNativeHandle(const c10::Stream s) const override {
     // No native object: the timeline id serves as an opaque, unique handle.
@@ -114,12 +107,11 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     delete static_cast<SimEvent*>(event);
   }
 
-  void record(
-      void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
-      const c10::EventFlag flag) const override {
-    TORCH_CHECK(
-        device_index == -1 || device_index == stream.device_index(), "event of device sim:",
-        static_cast<int>(device_index), " cannot be recorded on a stream of ", stream.device());
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
+              const c10::EventFlag flag) const override {
+    TORCH_CHECK(device_index == -1 || device_index == stream.device_index(),
+                "event of device sim:", static_cast<int>(device_index),
+                " cannot be recorded on a stream of ", stream.device());
     const Timeline t = State::get().timeline(stream);
     auto* e = static_cast<SimEvent*>(*event);
     if (e == nullptr) {
@@ -188,13 +180,26 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     // ones (PyTorch has no quantized PrivateUse1 kernels).
     c10::DeviceCapability cap;
     cap.capability_data.capability_bits = 0;
-    for (const int i : {c10::kIndex_Byte, c10::kIndex_Char, c10::kIndex_Short, c10::kIndex_Int,
-                        c10::kIndex_Long, c10::kIndex_Half, c10::kIndex_Float,
-                        c10::kIndex_Double, c10::kIndex_ComplexHalf, c10::kIndex_ComplexFloat,
-                        c10::kIndex_ComplexDouble, c10::kIndex_Bool, c10::kIndex_BFloat16,
-                        c10::kIndex_Float8_e5m2, c10::kIndex_Float8_e4m3fn,
-                        c10::kIndex_Float8_e5m2fnuz, c10::kIndex_Float8_e4m3fnuz,
-                        c10::kIndex_UInt16, c10::kIndex_UInt32, c10::kIndex_UInt64,
+    for (const int i : {c10::kIndex_Byte,
+                        c10::kIndex_Char,
+                        c10::kIndex_Short,
+                        c10::kIndex_Int,
+                        c10::kIndex_Long,
+                        c10::kIndex_Half,
+                        c10::kIndex_Float,
+                        c10::kIndex_Double,
+                        c10::kIndex_ComplexHalf,
+                        c10::kIndex_ComplexFloat,
+                        c10::kIndex_ComplexDouble,
+                        c10::kIndex_Bool,
+                        c10::kIndex_BFloat16,
+                        c10::kIndex_Float8_e5m2,
+                        c10::kIndex_Float8_e4m3fn,
+                        c10::kIndex_Float8_e5m2fnuz,
+                        c10::kIndex_Float8_e4m3fnuz,
+                        c10::kIndex_UInt16,
+                        c10::kIndex_UInt32,
+                        c10::kIndex_UInt64,
                         c10::kIndex_Float8_e8m0fnu}) {
       cap.capability_data.capability_bits |= uint64_t{1} << i;
     }
@@ -229,7 +234,8 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     synchronize(check_device(device_index));
   }
 
-  void recordDataPtrOnStream(const c10::DataPtr& data_ptr, const c10::Stream& stream) const override {
+  void recordDataPtrOnStream(const c10::DataPtr& data_ptr,
+                             const c10::Stream& stream) const override {
     record_stream(data_ptr, stream);
   }
 
@@ -240,9 +246,8 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     const SimEvent::Recorded ra = a != nullptr ? a->get() : SimEvent::Recorded{};
     const SimEvent::Recorded rb = b != nullptr ? b->get() : SimEvent::Recorded{};
     TORCH_CHECK(ra.recorded && rb.recorded, "elapsed_time: both events must have been recorded");
-    TORCH_CHECK(
-        a->timing && b->timing,
-        "elapsed_time: both events must be created with argument 'enable_timing=True'");
+    TORCH_CHECK(a->timing && b->timing,
+                "elapsed_time: both events must be created with argument 'enable_timing=True'");
     host_wait(ra.timeline, ra.position);  // device times: when the markers ran
     host_wait(rb.timeline, rb.position);
     return static_cast<double>(rb.time_ns->load() - ra.time_ns->load()) / 1e6;
@@ -251,17 +256,11 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
 }  // namespace
 
-const c10::impl::DeviceGuardImplInterface* make_guard_impl() {
-  return new SimGuardImpl();
-}
+const c10::impl::DeviceGuardImplInterface* make_guard_impl() { return new SimGuardImpl(); }
 
-void lock_events_for_fork() {
-  g_events_mutex.lock();
-}
+void lock_events_for_fork() { g_events_mutex.lock(); }
 
-void unlock_events_after_fork() {
-  g_events_mutex.unlock();
-}
+void unlock_events_after_fork() { g_events_mutex.unlock(); }
 
 }  // namespace sim
 }  // namespace torch_pipeline

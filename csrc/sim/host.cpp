@@ -65,15 +65,14 @@ void prune_locked() {
   }
   const VectorClock host = State::get().checker().snapshot(kHost);
   auto& v = *g_pending;
-  v.erase(std::remove_if(v.begin(), v.end(), [&](const PendingHostAccess& p) {
-            return clock_entry(host, p.timeline) >= p.epoch;
-          }), v.end());
+  v.erase(std::remove_if(
+              v.begin(), v.end(),
+              [&](const PendingHostAccess& p) { return clock_entry(host, p.timeline) >= p.epoch; }),
+          v.end());
   pending_changed_locked();
 }
 
-bool is_sim_tensor(const at::Tensor& t) {
-  return t.defined() && t.device().type() == kSim;
-}
+bool is_sim_tensor(const at::Tensor& t) { return t.defined() && t.device().type() == kSim; }
 
 // An argument that makes the op the device's: a sim tensor, or a sim device (factories, to()).
 bool is_device_argument(const c10::IValue& v) {
@@ -94,9 +93,9 @@ void check_host_tensor(const at::Tensor& t, bool write, std::vector<Access>& out
   }
   std::lock_guard<std::mutex> lock(g_mutex);
   for (Access& a : mine) {
-    const bool pending = std::any_of(g_pending->begin(), g_pending->end(), [&](const PendingHostAccess& p) {
-      return p.begin < a.end && a.begin < p.end;
-    });
+    const bool pending =
+        std::any_of(g_pending->begin(), g_pending->end(),
+                    [&](const PendingHostAccess& p) { return p.begin < a.end && a.begin < p.end; });
     if (pending) {
       out.push_back(std::move(a));
     }
@@ -104,8 +103,7 @@ void check_host_tensor(const at::Tensor& t, bool write, std::vector<Access>& out
 }
 
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
-  if (tls_depth > 0 || tls_in_sim_kernel ||
-      g_pending_count.load(std::memory_order_acquire) == 0) {
+  if (tls_depth > 0 || tls_in_sim_kernel || g_pending_count.load(std::memory_order_acquire) == 0) {
     return nullptr;
   }
   const OpFacts& facts = op_facts(fn);  // the tracker's facts (unknown ops are transparent)
@@ -120,9 +118,8 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   }
   for (size_t i = 0; i < inputs.size(); ++i) {
     const bool w = i < facts.write.size() && facts.write[i] != 0;
-    for_each_tensor(inputs[i], [&](const at::Tensor& t) {
-      check_host_tensor(t, w, counted->accesses);
-    });
+    for_each_tensor(inputs[i],
+                    [&](const at::Tensor& t) { check_host_tensor(t, w, counted->accesses); });
   }
   return counted;
 }
@@ -195,9 +192,10 @@ void forget_async_host_accesses(uintptr_t begin, uintptr_t end) {
   }
   std::lock_guard<std::mutex> lock(g_mutex);
   auto& v = *g_pending;
-  v.erase(std::remove_if(v.begin(), v.end(), [&](const PendingHostAccess& p) {
-            return p.begin < end && begin < p.end;
-          }), v.end());
+  v.erase(
+      std::remove_if(v.begin(), v.end(),
+                     [&](const PendingHostAccess& p) { return p.begin < end && begin < p.end; }),
+      v.end());
   pending_changed_locked();
 }
 
@@ -206,21 +204,13 @@ size_t pending_host_accesses() {
   return g_pending->size();
 }
 
-void lock_host_for_fork() {
-  g_mutex.lock();
-}
+void lock_host_for_fork() { g_mutex.lock(); }
 
-void unlock_host_after_fork() {
-  g_mutex.unlock();
-}
+void unlock_host_after_fork() { g_mutex.unlock(); }
 
-SimKernelScope::SimKernelScope() : previous_(tls_in_sim_kernel) {
-  tls_in_sim_kernel = true;
-}
+SimKernelScope::SimKernelScope() : previous_(tls_in_sim_kernel) { tls_in_sim_kernel = true; }
 
-SimKernelScope::~SimKernelScope() {
-  tls_in_sim_kernel = previous_;
-}
+SimKernelScope::~SimKernelScope() { tls_in_sim_kernel = previous_; }
 
 }  // namespace sim
 }  // namespace torch_pipeline

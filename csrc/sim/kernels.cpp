@@ -45,54 +45,50 @@ c10::DeviceIndex device_index_of(std::optional<c10::Device> device) {
 }
 
 void check_factory_options(std::optional<c10::Layout> layout, std::optional<bool> pin_memory) {
-  TORCH_CHECK(
-      c10::layout_or_default(layout) == c10::Layout::Strided,
-      "the sim device supports strided tensors only, got layout ", c10::layout_or_default(layout));
-  TORCH_CHECK(
-      !c10::pinned_memory_or_default(pin_memory), "pin_memory applies to CPU tensors only");
+  TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided,
+              "the sim device supports strided tensors only, got layout ",
+              c10::layout_or_default(layout));
+  TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "pin_memory applies to CPU tensors only");
 }
 
-at::Tensor empty_memory_format(
-    c10::SymIntArrayRef size, std::optional<c10::ScalarType> dtype,
-    std::optional<c10::Layout> layout, std::optional<c10::Device> device,
-    std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
+at::Tensor empty_memory_format(c10::SymIntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory,
+                               std::optional<c10::MemoryFormat> memory_format) {
   check_factory_options(layout, pin_memory);
   DeviceScope scope(device_index_of(device));
-  return at::detail::empty_generic(
-      C10_AS_INTARRAYREF_SLOW(size), device_allocator(), kSimKeys, c10::dtype_or_default(dtype),
-      memory_format);
+  return at::detail::empty_generic(C10_AS_INTARRAYREF_SLOW(size), device_allocator(), kSimKeys,
+                                   c10::dtype_or_default(dtype), memory_format);
 }
 
-at::Tensor empty_strided(
-    c10::SymIntArrayRef size, c10::SymIntArrayRef stride, std::optional<c10::ScalarType> dtype,
-    std::optional<c10::Layout> layout, std::optional<c10::Device> device,
-    std::optional<bool> pin_memory) {
+at::Tensor empty_strided(c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
+                         std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+                         std::optional<c10::Device> device, std::optional<bool> pin_memory) {
   check_factory_options(layout, pin_memory);
   DeviceScope scope(device_index_of(device));
-  return at::detail::empty_strided_generic(
-      C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride), device_allocator(),
-      kSimKeys, c10::dtype_or_default(dtype));
+  return at::detail::empty_strided_generic(C10_AS_INTARRAYREF_SLOW(size),
+                                           C10_AS_INTARRAYREF_SLOW(stride), device_allocator(),
+                                           kSimKeys, c10::dtype_or_default(dtype));
 }
 
-at::Tensor as_strided(
-    const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
-    std::optional<c10::SymInt> storage_offset) {
+at::Tensor as_strided(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
+                      std::optional<c10::SymInt> storage_offset) {
   std::optional<int64_t> offset;
   if (storage_offset.has_value()) {
     offset = storage_offset->expect_int();
   }
-  return at::native::as_strided_tensorimpl(
-      self, C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride), offset);
+  return at::native::as_strided_tensorimpl(self, C10_AS_INTARRAYREF_SLOW(size),
+                                           C10_AS_INTARRAYREF_SLOW(stride), offset);
 }
 
 at::Tensor view(const at::Tensor& self, c10::SymIntArrayRef size) {
   return at::native::view(self, C10_AS_INTARRAYREF_SLOW(size));
 }
 
-at::Tensor reshape_alias(
-    const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
-  return at::native::_reshape_alias(
-      self, C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride));
+at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size,
+                         c10::SymIntArrayRef stride) {
+  return at::native::_reshape_alias(self, C10_AS_INTARRAYREF_SLOW(size),
+                                    C10_AS_INTARRAYREF_SLOW(stride));
 }
 
 at::Tensor unfold(const at::Tensor& self, int64_t dimension, int64_t size, int64_t step) {
@@ -133,9 +129,8 @@ void record_reallocation(c10::StorageImpl* storage, size_t keep, const char* op,
   }
 }
 
-const at::Tensor& resize_(
-    const at::Tensor& self, c10::SymIntArrayRef size,
-    std::optional<c10::MemoryFormat> memory_format) {
+const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
+                          std::optional<c10::MemoryFormat> memory_format) {
   const auto sizes = C10_AS_INTARRAYREF_SLOW(size);
   c10::StorageImpl* storage = self.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
   if (storage == nullptr) {
@@ -143,22 +138,21 @@ const at::Tensor& resize_(
     return at::native::resize_(self, sizes, memory_format);
   }
   // The CPU resize reallocates (and copies the old bytes) only when the storage is too small.
-  const size_t needed = at::detail::computeStorageNbytesContiguous(
-      sizes, self.dtype().itemsize(), self.storage_offset());
+  const size_t needed = at::detail::computeStorageNbytesContiguous(sizes, self.dtype().itemsize(),
+                                                                   self.storage_offset());
   const size_t keep = needed > storage->nbytes() ? storage->nbytes() : 0;
-  record_reallocation(storage, keep, "aten::resize_", [&] {
-    at::native::resize_(self, sizes, memory_format);
-  });
+  record_reallocation(storage, keep, "aten::resize_",
+                      [&] { at::native::resize_(self, sizes, memory_format); });
   return self;
 }
 
-at::Tensor& set_source_storage_offset(
-    at::Tensor& self, c10::Storage source, c10::SymInt storage_offset, c10::SymIntArrayRef size,
-    c10::SymIntArrayRef stride) {
+at::Tensor& set_source_storage_offset(at::Tensor& self, c10::Storage source,
+                                      c10::SymInt storage_offset, c10::SymIntArrayRef size,
+                                      c10::SymIntArrayRef stride) {
   DeviceScope scope(check_device(self.device().index()));
-  return at::native::set_storage_cpu_(
-      self, std::move(source), storage_offset.expect_int(), C10_AS_INTARRAYREF_SLOW(size),
-      C10_AS_INTARRAYREF_SLOW(stride));
+  return at::native::set_storage_cpu_(self, std::move(source), storage_offset.expect_int(),
+                                      C10_AS_INTARRAYREF_SLOW(size),
+                                      C10_AS_INTARRAYREF_SLOW(stride));
 }
 
 at::Tensor& set_source_storage(at::Tensor& self, c10::Storage source) {
@@ -179,7 +173,6 @@ bool is_set_to(const at::Tensor& self, const at::Tensor& tensor) {
   return at::native::is_set_to(self, tensor);
 }
 
-
 }  // namespace
 
 void resize_storage_bytes(const c10::Storage& storage, size_t nbytes) {
@@ -197,8 +190,8 @@ void resize_storage_bytes(const c10::Storage& storage, size_t nbytes) {
 }
 
 void register_kernels() {
-  auto* aten = new torch::Library(
-      torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  auto* aten = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
+                                  __FILE__, __LINE__);
   aten->impl("empty.memory_format", TORCH_FN(empty_memory_format));
   aten->impl("empty_strided", TORCH_FN(empty_strided));
   aten->impl("as_strided", TORCH_FN(as_strided));
@@ -215,12 +208,10 @@ void register_kernels() {
   aten->impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
   aten->impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
   aten->impl("record_stream", TORCH_FN(record_stream_kernel));
-  aten->impl(
-      "convolution_overrideable",
-      torch::CppFunction::makeFromBoxedFunction<&convolution_kernel>());
-  aten->impl(
-      "convolution_backward_overrideable",
-      torch::CppFunction::makeFromBoxedFunction<&convolution_backward_kernel>());
+  aten->impl("convolution_overrideable",
+             torch::CppFunction::makeFromBoxedFunction<&convolution_kernel>());
+  aten->impl("convolution_backward_overrideable",
+             torch::CppFunction::makeFromBoxedFunction<&convolution_backward_kernel>());
   register_rnn_kernels(*aten);
   register_cpu_kernels_over_composites(*aten);
   register_autocast();
@@ -235,8 +226,8 @@ void register_kernels() {
     bits->impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
   }
 
-  auto* fallback = new torch::Library(
-      torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  auto* fallback = new torch::Library(torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1,
+                                      __FILE__, __LINE__);
   fallback->fallback(torch::CppFunction::makeFromBoxedFunction<&sim_fallback>());
 }
 

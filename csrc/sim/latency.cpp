@@ -20,9 +20,8 @@ std::map<std::string, double>* g_ops = new std::map<std::string, double>();
 std::atomic<bool> g_any{false};
 
 void check(double v, const char* what) {
-  TORCH_CHECK_VALUE(
-      std::isfinite(v) && v >= 0.0, "sim.set_latency: ", what, " must be a finite number >= 0, got ",
-      v);
+  TORCH_CHECK_VALUE(std::isfinite(v) && v >= 0.0, "sim.set_latency: ", what,
+                    " must be a finite number >= 0, got ", v);
 }
 
 void update_any_locked() {
@@ -82,13 +81,9 @@ std::chrono::nanoseconds modelled_time(const std::string& op, size_t bytes) {
   return std::chrono::nanoseconds(static_cast<int64_t>(us * 1e3));
 }
 
-void lock_latency_for_fork() {
-  g_mutex.lock();
-}
+void lock_latency_for_fork() { g_mutex.lock(); }
 
-void unlock_latency_after_fork() {
-  g_mutex.unlock();
-}
+void unlock_latency_after_fork() { g_mutex.unlock(); }
 
 }  // namespace sim
 }  // namespace torch_pipeline

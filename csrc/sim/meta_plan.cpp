@@ -168,11 +168,29 @@ bool CallKey::add(const c10::IValue& v, const c10::TypePtr& type) {
     return true;
   }
   const bool scalar = is_scalar(type);
-  if (v.isNone()) { key_ += 'N'; return true; }
-  if (v.isDouble()) { key_ += 'd'; if (!scalar) put(key_, v.toDouble()); return true; }
-  if (v.isInt()) { key_ += 'i'; if (!scalar) put(key_, v.toInt()); return true; }
-  if (v.isBool()) { key_ += 'b'; if (!scalar) put(key_, v.toBool()); return true; }
-  if (v.isComplexDouble()) { key_ += 'c'; return scalar; }
+  if (v.isNone()) {
+    key_ += 'N';
+    return true;
+  }
+  if (v.isDouble()) {
+    key_ += 'd';
+    if (!scalar) put(key_, v.toDouble());
+    return true;
+  }
+  if (v.isInt()) {
+    key_ += 'i';
+    if (!scalar) put(key_, v.toInt());
+    return true;
+  }
+  if (v.isBool()) {
+    key_ += 'b';
+    if (!scalar) put(key_, v.toBool());
+    return true;
+  }
+  if (v.isComplexDouble()) {
+    key_ += 'c';
+    return scalar;
+  }
   if (v.isIntList()) return put_list(key_, 'I', v.toIntList().vec());
   if (v.isDoubleList()) return put_list(key_, 'D', v.toDoubleList().vec());
   if (v.isBoolList()) return put_list(key_, 'B', v.toBoolList().vec());
@@ -192,7 +210,10 @@ bool CallKey::add(const c10::IValue& v, const c10::TypePtr& type) {
 }
 
 bool CallKey::tensor(const at::Tensor& t) {
-  if (!t.defined()) { key_ += 'U'; return true; }
+  if (!t.defined()) {
+    key_ += 'U';
+    return true;
+  }
   if (!is_sim(t)) {  // a CPU scalar: its dtype and whether it is a wrapped number
     key_ += t.unsafeGetTensorImpl()->is_wrapped_number() ? 'w' : 'C';
     put(key_, t.scalar_type());
@@ -216,8 +237,8 @@ bool CallKey::tensor(const at::Tensor& t) {
 }
 
 std::shared_ptr<const Plan> plan_for(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
-                                     size_t first, const std::vector<Argument>& sims,
-                                     Runner runner, const CallKey* key) {
+                                     size_t first, const std::vector<Argument>& sims, Runner runner,
+                                     const CallKey* key) {
   if (key != nullptr) {
     auto it = tls_plans.find(key->str());
     if (it != tls_plans.end()) {
@@ -275,8 +296,8 @@ bool agrees(const Plan& plan, const c10::IValue* results, size_t nrets,
 
 void check_plan(const UncheckedPlan& unchecked, const torch::jit::Stack& stack, size_t nrets) {
   TORCH_INTERNAL_ASSERT(stack.size() >= nrets);
-  bool ok = agrees(*unchecked.plan, stack.data() + (stack.size() - nrets), nrets,
-                   unchecked.arguments);
+  bool ok =
+      agrees(*unchecked.plan, stack.data() + (stack.size() - nrets), nrets, unchecked.arguments);
   size_t w = 0;
   for (const Argument& a : unchecked.arguments) {
     if (!a.write) continue;

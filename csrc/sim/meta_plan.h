@@ -84,8 +84,8 @@ class CallKey {
 
 // The plan of the op whose arguments are stack[first..]: cached by `key` (when given).
 std::shared_ptr<const Plan> plan_for(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
-                                     size_t first, const std::vector<Argument>& sims,
-                                     Runner runner, const CallKey* key);
+                                     size_t first, const std::vector<Argument>& sims, Runner runner,
+                                     const CallKey* key);
 
 // An argument of an op with its tensors (also inside tensor lists and optional tensor lists)
 // replaced by `f(tensor)` and a sim device argument by `device`: the meta twin of a call

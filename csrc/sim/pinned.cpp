@@ -84,8 +84,8 @@ class SimHostAllocator final : public at::HostAllocator {
       it->second.pop_back();
     } else {
       void* ptr = std::aligned_alloc(kMinBlock, size);
-      TORCH_CHECK_WITH(
-          OutOfMemoryError, ptr != nullptr, "out of pinned host memory (", n, " bytes)");
+      TORCH_CHECK_WITH(OutOfMemoryError, ptr != nullptr, "out of pinned host memory (", n,
+                       " bytes)");
       block = new PinnedBlock();
       block->ptr = ptr;
       block->size = size;
@@ -178,16 +178,16 @@ bool is_pinned(const void* ptr) {
   return p < it->first + it->second->size;
 }
 
-void empty_host_cache() {
-  host_allocator()->empty_cache();
-}
+void empty_host_cache() { host_allocator()->empty_cache(); }
 
 std::vector<std::pair<std::string, int64_t>> host_memory_stats() {
   const at::HostStats s = host_allocator()->get_stats();
   std::vector<std::pair<std::string, int64_t>> out;
   const std::pair<const char*, const c10::CachingAllocator::Stat*> stats[] = {
-      {"active_requests", &s.active_requests}, {"active_bytes", &s.active_bytes},
-      {"allocations", &s.allocations}, {"allocated_bytes", &s.allocated_bytes}};
+      {"active_requests", &s.active_requests},
+      {"active_bytes", &s.active_bytes},
+      {"allocations", &s.allocations},
+      {"allocated_bytes", &s.allocated_bytes}};
   for (const auto& [name, stat] : stats) {
     const std::string prefix = std::string(name) + ".";
     out.emplace_back(prefix + "current", stat->current);
@@ -200,13 +200,9 @@ std::vector<std::pair<std::string, int64_t>> host_memory_stats() {
   return out;
 }
 
-void lock_pinned_for_fork() {
-  g_pinned_mutex.lock();
-}
+void lock_pinned_for_fork() { g_pinned_mutex.lock(); }
 
-void unlock_pinned_after_fork() {
-  g_pinned_mutex.unlock();
-}
+void unlock_pinned_after_fork() { g_pinned_mutex.unlock(); }
 
 }  // namespace sim
 }  // namespace torch_pipeline

@@ -12,7 +12,8 @@ namespace sim {
 
 namespace {
 
-static_assert(std::numeric_limits<uintptr_t>::digits <= 64, "length classes assume <= 64-bit addresses");
+static_assert(std::numeric_limits<uintptr_t>::digits <= 64,
+              "length classes assume <= 64-bit addresses");
 
 // k such that 2^k <= length < 2^(k+1); length > 0.
 int length_class(uintptr_t length) {
@@ -32,9 +33,10 @@ const char* kind(bool write) { return write ? "write" : "read"; }
 }  // namespace
 
 std::string Race::to_string() const {
-  return "race on " + memory + " bytes [" + hex(begin) + ", " + hex(end) + "): " + kind(later_write) +
-         " by " + later_op + " on " + later_timeline + " is not ordered after " + kind(earlier_write) +
-         " by " + earlier_op + " on " + earlier_timeline;
+  return "race on " + memory + " bytes [" + hex(begin) + ", " + hex(end) +
+         "): " + kind(later_write) + " by " + later_op + " on " + later_timeline +
+         " is not ordered after " + kind(earlier_write) + " by " + earlier_op + " on " +
+         earlier_timeline;
 }
 
 RaceChecker::RaceChecker() {
@@ -233,12 +235,13 @@ void RaceChecker::release(uintptr_t begin, uintptr_t end, const VectorClock& com
   std::lock_guard<std::mutex> lock(mutex_);
   if (completed.size() > labels_.size()) {
     throw std::invalid_argument("torch_pipeline: vector clock of " +
-                                std::to_string(completed.size()) + " entries released into a "
-                                "checker of " + std::to_string(labels_.size()) + " timelines");
+                                std::to_string(completed.size()) +
+                                " entries released into a "
+                                "checker of " +
+                                std::to_string(labels_.size()) + " timelines");
   }
-  remove_locked(begin, end, [&](const Record& r) {
-    return clock_entry(completed, r.timeline) >= r.epoch;
-  });
+  remove_locked(begin, end,
+                [&](const Record& r) { return clock_entry(completed, r.timeline) >= r.epoch; });
 }
 
 std::vector<Race> RaceChecker::races() const {

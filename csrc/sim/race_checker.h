@@ -46,11 +46,11 @@ struct Access {
 };
 
 struct Race {
-  std::string memory;           // the later access's memory description
-  uintptr_t begin = 0;          // overlapping byte range
+  std::string memory;   // the later access's memory description
+  uintptr_t begin = 0;  // overlapping byte range
   uintptr_t end = 0;
-  std::string earlier_op;       // e.g. "aten::add.Tensor"
-  std::string earlier_timeline; // label of its timeline, e.g. "sim:0 stream 3"
+  std::string earlier_op;        // e.g. "aten::add.Tensor"
+  std::string earlier_timeline;  // label of its timeline, e.g. "sim:0 stream 3"
   bool earlier_write = false;
   std::string later_op;
   std::string later_timeline;
@@ -70,7 +70,8 @@ class RaceChecker {
   // An op enqueued on stream `t`: joins the host clock into t, starts a new epoch of t, checks
   // `accesses` against the history, then records them. Returns the races found (also kept in
   // races()). Accesses of one op never race with each other.
-  std::vector<Race> record_op(Timeline t, const std::string& op, const std::vector<Access>& accesses);
+  std::vector<Race> record_op(Timeline t, const std::string& op,
+                              const std::vector<Access>& accesses);
 
   // The clock of `t` now (for an event recorded on t).
   VectorClock snapshot(Timeline t) const;
@@ -127,7 +128,7 @@ class RaceChecker {
   bool ordered_before(const Record& r, Timeline t) const;
   // The records overlapping [begin, end), begin < end (mutex_ held).
   std::vector<Hit> overlapping(uintptr_t begin, uintptr_t end);
-  void insert(Record r);  // mutex_ held
+  void insert(Record r);       // mutex_ held
   void erase(const Hit& hit);  // mutex_ held
   // Removes the records overlapping [begin, end) for which `drop` holds, keeping their bytes
   // outside the range (mutex_ held).

@@ -2,9 +2,9 @@
 //
 // On PrivateUse1 devices PyTorch's LSTM and GRU cells (nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell)
 // take the path of CUDA's: two matmuls, then one fused kernel for the gates. Those fused ops have
-// kernels for CUDA only, so the fallback's CPU kernel does not exist. Here they are composed of aten
-// ops on the sim tensors (each op checked and run by the fallback like any other), computing what
-// CUDA's fused kernels compute, with the same workspace layout, so autograd's formulas for the
+// kernels for CUDA only, so the fallback's CPU kernel does not exist. Here they are composed of
+// aten ops on the sim tensors (each op checked and run by the fallback like any other), computing
+// what CUDA's fused kernels compute, with the same workspace layout, so autograd's formulas for the
 // fused ops (the backward kernels below) apply unchanged. The gate sums run in another order than
 // the CPU's unfused cell (which adds each bias right after its matmul), so results agree with the
 // CPU's to rounding, not bit for bit.
@@ -20,9 +20,7 @@ namespace torch_pipeline {
 namespace sim {
 namespace {
 
-bool has(const std::optional<at::Tensor>& t) {
-  return t.has_value() && t->defined();
-}
+bool has(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
 
 // input_gates + hidden_gates (+ both biases), as the fused kernels sum them.
 at::Tensor gate_sum(const at::Tensor& input_gates, const at::Tensor& hidden_gates,
@@ -77,10 +75,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_cell_backward(
   return {std::move(grad_gates), gc * f, std::move(grad_bias)};
 }
 
-// Returns (hy, workspace); workspace holds [r, z, n, hx, hidden n-gate with bias] (batch x 5*hidden).
-std::tuple<at::Tensor, at::Tensor> gru_cell(
-    const at::Tensor& input_gates, const at::Tensor& hidden_gates, const at::Tensor& hx,
-    const std::optional<at::Tensor>& input_bias, const std::optional<at::Tensor>& hidden_bias) {
+// Returns (hy, workspace); workspace holds [r, z, n, hx, hidden n-gate with bias] (batch x
+// 5*hidden).
+std::tuple<at::Tensor, at::Tensor> gru_cell(const at::Tensor& input_gates,
+                                            const at::Tensor& hidden_gates, const at::Tensor& hx,
+                                            const std::optional<at::Tensor>& input_bias,
+                                            const std::optional<at::Tensor>& hidden_bias) {
   const at::Tensor in = has(input_bias) ? input_gates + *input_bias : input_gates;
   const at::Tensor hid = has(hidden_bias) ? hidden_gates + *hidden_bias : hidden_gates;
   const auto ic = in.chunk(3, 1);

@@ -2,11 +2,11 @@
 // recorder. A stream is a race checker timeline, and stream/event operations move vector clocks
 // (race_checker.h); in asynchronous mode they also order the streams' queues (executor.h). Events
 // and the DeviceGuardImpl are in guard.cpp.
-#include "capture.h"
+#include "state.h"
 #include "allocator.h"
+#include "capture.h"
 #include "executor.h"
 #include "host.h"
-#include "state.h"
 
 #include <c10/util/Exception.h>
 
@@ -28,9 +28,7 @@ int clamp_priority(int priority) {
   return std::min(kLowestPriority, std::max(kHighestPriority, priority));
 }
 
-std::string device_name(c10::DeviceIndex d) {
-  return "sim:" + std::to_string(static_cast<int>(d));
-}
+std::string device_name(c10::DeviceIndex d) { return "sim:" + std::to_string(static_cast<int>(d)); }
 
 }  // namespace
 
@@ -63,17 +61,16 @@ c10::Stream State::add_stream_locked(c10::DeviceIndex d, int priority, const cha
 }
 
 const State::StreamInfo& State::info_locked(const c10::Stream& s) {
-  TORCH_CHECK_VALUE(
-      s.device_type() == kSim, "expected a sim stream, got a stream of device ", s.device());
+  TORCH_CHECK_VALUE(s.device_type() == kSim, "expected a sim stream, got a stream of device ",
+                    s.device());
   const c10::DeviceIndex d = s.device_index();
-  TORCH_CHECK_VALUE(
-      d >= 0 && d < num_devices(), "stream of device sim:", static_cast<int>(d),
-      ", which does not exist (", num_devices(), " sim devices)");
+  TORCH_CHECK_VALUE(d >= 0 && d < num_devices(), "stream of device sim:", static_cast<int>(d),
+                    ", which does not exist (", num_devices(), " sim devices)");
   const auto& streams = devices_[static_cast<size_t>(d)].streams;
-  TORCH_CHECK_VALUE(
-      s.id() >= 0 && static_cast<size_t>(s.id()) < streams.size(), "sim:", static_cast<int>(d),
-      " has no stream with id ", s.id(), " (streams come from torch.Stream(), the pool, or ",
-      "torch.accelerator.current_stream())");
+  TORCH_CHECK_VALUE(s.id() >= 0 && static_cast<size_t>(s.id()) < streams.size(),
+                    "sim:", static_cast<int>(d), " has no stream with id ", s.id(),
+                    " (streams come from torch.Stream(), the pool, or ",
+                    "torch.accelerator.current_stream())");
   return streams[static_cast<size_t>(s.id())];
 }
 
@@ -134,23 +131,20 @@ c10::DeviceIndex check_device(c10::DeviceIndex d) {
   if (d < 0) {
     return tls_device;
   }
-  TORCH_CHECK_VALUE(
-      d < n, "device sim:", static_cast<int>(d), " does not exist: sim was enabled with ", n,
-      " device(s) (sim:0..sim:", n - 1, ")");
+  TORCH_CHECK_VALUE(d < n, "device sim:", static_cast<int>(d),
+                    " does not exist: sim was enabled with ", n, " device(s) (sim:0..sim:", n - 1,
+                    ")");
   return d;
 }
 
-c10::DeviceIndex current_device() {
-  return tls_device;
-}
+c10::DeviceIndex current_device() { return tls_device; }
 
-void set_current_device(c10::DeviceIndex d) {
-  tls_device = d;
-}
+void set_current_device(c10::DeviceIndex d) { tls_device = d; }
 
 c10::Stream current_stream(c10::DeviceIndex d) {
   d = check_device(d);
-  return c10::Stream(c10::Stream::UNSAFE, c10::Device(kSim, d), tls_streams[static_cast<size_t>(d)]);
+  return c10::Stream(c10::Stream::UNSAFE, c10::Device(kSim, d),
+                     tls_streams[static_cast<size_t>(d)]);
 }
 
 c10::Stream exchange_stream(const c10::Stream& s) {
@@ -161,14 +155,10 @@ c10::Stream exchange_stream(const c10::Stream& s) {
   return previous;
 }
 
-Timeline current_timeline(c10::DeviceIndex d) {
-  return State::get().timeline(current_stream(d));
-}
+Timeline current_timeline(c10::DeviceIndex d) { return State::get().timeline(current_stream(d)); }
 
 // ---- recording -----------------------------------------------------------------------------
-void set_race_thrower(RaceThrower thrower) {
-  g_thrower.store(thrower);
-}
+void set_race_thrower(RaceThrower thrower) { g_thrower.store(thrower); }
 
 void throw_races(const std::vector<Race>& races) {
   std::string msg = "torch_pipeline.sim (strict mode): " + races.front().to_string();
@@ -193,8 +183,9 @@ void record(Timeline t, const std::string& op, const std::vector<Access>& access
 }
 
 void host_sync(Timeline t) {
-  check_not_capturing("a host synchronization (stream or device synchronize, a blocking copy to "
-                      "the host, .item())");
+  check_not_capturing(
+      "a host synchronization (stream or device synchronize, a blocking copy to "
+      "the host, .item())");
   host_wait(t);  // asynchronous mode: what t has queued runs first
   State::get().checker().join_timeline(kHost, t);
   prune_async_host_accesses();
@@ -212,53 +203,35 @@ std::string describe_storage(c10::DeviceIndex d, const void* base, size_t nbytes
 }
 
 // ---- public API (sim.h) ------------------------------------------------------------------
-bool enabled() {
-  return State::get().num_devices() > 0;
-}
+bool enabled() { return State::get().num_devices() > 0; }
 
-int num_devices() {
-  return State::get().num_devices();
-}
+int num_devices() { return State::get().num_devices(); }
 
-std::vector<Race> races() {
-  return State::get().checker().races();
-}
+std::vector<Race> races() { return State::get().checker().races(); }
 
-void clear_races() {
-  State::get().checker().clear_races();
-}
+void clear_races() { State::get().checker().clear_races(); }
 
-void set_strict(bool s) {
-  State::get().set_strict(s);
-}
+void set_strict(bool s) { State::get().set_strict(s); }
 
-bool strict() {
-  return State::get().strict();
-}
+bool strict() { return State::get().strict(); }
 
 c10::Stream stream_from_pool(int device, bool high_priority) {
   return State::get().pool_stream(static_cast<c10::DeviceIndex>(device), high_priority);
 }
 
-int stream_priority(const c10::Stream& stream) {
-  return State::get().priority(stream);
-}
+int stream_priority(const c10::Stream& stream) { return State::get().priority(stream); }
 
-std::string stream_label(const c10::Stream& stream) {
-  return State::get().label(stream);
-}
+std::string stream_label(const c10::Stream& stream) { return State::get().label(stream); }
 
-size_t history_size() {
-  return State::get().checker().history_size();
-}
+size_t history_size() { return State::get().checker().history_size(); }
 
 void synchronize(int device) {
   State& st = State::get();
   const int n = st.num_devices();
   TORCH_CHECK(n > 0, "the sim device is not enabled: call torch_pipeline.sim.enable() first");
-  TORCH_CHECK_VALUE(
-      device >= -1, "synchronize: device must be a sim device index or -1 (every device), got ",
-      device);
+  TORCH_CHECK_VALUE(device >= -1,
+                    "synchronize: device must be a sim device index or -1 (every device), got ",
+                    device);
   if (device >= 0) {
     check_device(static_cast<c10::DeviceIndex>(device));
   }

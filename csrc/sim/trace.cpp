@@ -11,7 +11,7 @@ namespace trace {
 namespace {
 
 std::atomic<bool> g_on{false};
-std::mutex g_mutex;  // a leaf
+std::mutex g_mutex;                                       // a leaf
 std::vector<Event>* g_events = new std::vector<Event>();  // leaked: used until exit
 
 void keep(Event e) {
@@ -23,9 +23,7 @@ void keep(Event e) {
 
 }  // namespace
 
-bool on() {
-  return g_on.load(std::memory_order_relaxed);
-}
+bool on() { return g_on.load(std::memory_order_relaxed); }
 
 void start() {
   std::lock_guard<std::mutex> lock(g_mutex);

@@ -17,17 +17,17 @@ namespace trace {
 
 struct Event {
   enum Kind { kKernel = 0, kWait = 1 } kind = kKernel;
-  Timeline timeline = 0;       // where it ran (a wait: the waiting stream)
-  std::string name;            // the op (a wait: "wait")
+  Timeline timeline = 0;  // where it ran (a wait: the waiting stream)
+  std::string name;       // the op (a wait: "wait")
   int64_t begin_ns = 0;
   int64_t end_ns = 0;
-  Timeline from = 0;           // a wait: the stream of the event it waited for ...
-  int64_t from_ns = 0;         // ... and when that stream reached the event
+  Timeline from = 0;    // a wait: the stream of the event it waited for ...
+  int64_t from_ns = 0;  // ... and when that stream reached the event
 };
 
 bool on();
-void start();                 // clears what was kept
-std::vector<Event> stop();    // stops and hands over what was kept
+void start();               // clears what was kept
+std::vector<Event> stop();  // stops and hands over what was kept
 int64_t now_ns();
 void kernel(Timeline t, const std::string& name, int64_t begin_ns, int64_t end_ns);
 void wait(Timeline waiter, Timeline from, int64_t from_ns, int64_t end_ns);

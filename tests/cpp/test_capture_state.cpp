@@ -37,16 +37,14 @@ using Item = std::shared_ptr<int>;
 using Ledger = CaptureLedger<Item, std::weak_ptr<int>>;
 
 // The runtime's calls, with an int standing in for a storage (key: its address).
-uintptr_t key(const Item& item) {
-  return reinterpret_cast<uintptr_t>(item.get());
-}
+uintptr_t key(const Item& item) { return reinterpret_cast<uintptr_t>(item.get()); }
 bool use(Ledger& ledger, const Item& item, StreamId on, bool write) {
-  return ledger.use(key(item), on, write, [&] { return std::weak_ptr<int>(item); },
-                    [&] { return item; });
+  return ledger.use(
+      key(item), on, write, [&] { return std::weak_ptr<int>(item); }, [&] { return item; });
 }
 bool born(Ledger& ledger, const Item& item, StreamId home, bool keep = false) {
-  return ledger.born(key(item), home, keep, [&] { return std::weak_ptr<int>(item); },
-                     [&] { return item; });
+  return ledger.born(
+      key(item), home, keep, [&] { return std::weak_ptr<int>(item); }, [&] { return item; });
 }
 
 }  // namespace
@@ -55,7 +53,7 @@ TEST(CaptureRoute, FromThreadAndStreamCapture) {
   EXPECT_EQ(route_launch(kNoCapture, kNoCapture), CaptureRoute::kEager);
   EXPECT_EQ(route_launch(7, kNoCapture), CaptureRoute::kFork);
   EXPECT_EQ(route_launch(7, 7), CaptureRoute::kCaptured);
-  EXPECT_EQ(route_launch(kNoCapture, 7), CaptureRoute::kCaptured);  // another thread's capture
+  EXPECT_EQ(route_launch(kNoCapture, 7), CaptureRoute::kCaptured);       // another thread's capture
   EXPECT_EQ(route_launch(7, kUnknownCapture), CaptureRoute::kCaptured);  // invalidated
   EXPECT_EQ(route_launch(7, 8), CaptureRoute::kMixed);
 }
@@ -116,7 +114,7 @@ TEST(QueryGate, APauseWaitsForTheQueriesRunning) {
     begun = true;
   });
   while (gate.may_query()) std::this_thread::yield();  // the capturer paused: now it drains
-  EXPECT_FALSE(gate.try_permit());                       // (no new permit is given out)
+  EXPECT_FALSE(gate.try_permit());                     // (no new permit is given out)
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_FALSE(begun.load());
   release = true;
@@ -256,7 +254,7 @@ TEST(CaptureLedger, KeepsWhatReplaysUseAndLeavesTheRestToThePool) {
   ASSERT_EQ(g.kept.size(), 4u);  // before, host, shared, out
   int written = 0;
   for (const auto& k : g.kept) written += k.written ? 1 : 0;
-  EXPECT_EQ(written, 3);  // host, shared (born: written), out
+  EXPECT_EQ(written, 3);           // host, shared (born: written), out
   ASSERT_EQ(g.others.size(), 1u);  // local, still alive (the dead ones are left out)
   EXPECT_FALSE(g.others[0].ref.expired());
   EXPECT_TRUE(g.others[0].written);

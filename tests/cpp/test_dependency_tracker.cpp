@@ -81,10 +81,10 @@ TEST(DependencyTracker, SameStreamNeverWaits) {
 
 TEST(DependencyTracker, WriteAfterReadWaitsForEveryReaderOnOtherStreams) {
   DependencyTracker t;
-  t.launch(1, {}, {kX});                                  // 1@1
+  t.launch(1, {}, {kX});                                    // 1@1
   EXPECT_EQ(t.launch(2, {kX}, {}).waits, Waits{at(1, 1)});  // 2@1
   EXPECT_EQ(t.launch(3, {kX}, {}).waits, Waits{at(1, 1)});  // 3@1
-  t.launch(1, {kX}, {});                                  // 1@2: a reader on the writer's stream
+  t.launch(1, {kX}, {});                                    // 1@2: a reader on the writer's stream
   EXPECT_EQ(t.launch(1, {}, {kX}).waits, (Waits{at(2, 1), at(3, 1)}));  // 1@3
   // The write cleared the readers: the next writer waits for 1@3 only (2@1 and 3@1 are implied).
   EXPECT_EQ(t.launch(4, {}, {kX}).waits, Waits{at(1, 3)});
@@ -167,17 +167,17 @@ TEST(DependencyTracker, WaitsAreSortedByStreamId) {
 TEST(DependencyTracker, TransitiveOrderingAcrossLaunchesSuppressesWaits) {
   DependencyTracker t;
   const StreamId S = 1, T = 2, U = 3;
-  t.launch(U, {}, {kX});                                   // U@1 writes x
+  t.launch(U, {}, {kX});                                      // U@1 writes x
   EXPECT_EQ(t.launch(T, {kX}, {kY}).waits, Waits{at(U, 1)});  // T@1 reads x, writes y
   EXPECT_EQ(t.launch(S, {kY}, {}).waits, Waits{at(T, 1)});    // S waits for T@1 ...
-  EXPECT_EQ(t.launch(S, {kX}, {}).waits, kNone);             // ... so it is after U@1 too
+  EXPECT_EQ(t.launch(S, {kX}, {}).waits, kNone);              // ... so it is after U@1 too
   EXPECT_TRUE(t.is_ordered(S, at(U, 1)));
 }
 
 TEST(DependencyTracker, TransitiveOrderingWithinOneLaunchKeepsTheMinimalSet) {
   DependencyTracker t;
   const StreamId S = 1, T = 2, U = 3;
-  t.launch(U, {}, {kX});                                   // U@1
+  t.launch(U, {}, {kX});                                      // U@1
   EXPECT_EQ(t.launch(T, {kX}, {kY}).waits, Waits{at(U, 1)});  // T@1, after U@1
   // S reads x (writer U@1) and y (writer T@1): T@1 implies U@1.
   EXPECT_EQ(t.launch(S, {kX, kY}, {}).waits, Waits{at(T, 1)});
@@ -207,8 +207,8 @@ TEST(DependencyTracker, WaitedSuppressesWaits) {
 TEST(DependencyTracker, WaitedIsTransitiveAndUsesTheClockOfThatPosition) {
   DependencyTracker t;
   const StreamId S = 1, T = 2, U = 3, V = 4;
-  t.launch(U, {}, {kX});                                // U@1 writes x
-  t.launch(T, {}, {});                                  // T@1: ordered after nothing
+  t.launch(U, {}, {kX});                                    // U@1 writes x
+  t.launch(T, {}, {});                                      // T@1: ordered after nothing
   EXPECT_EQ(t.launch(T, {kX}, {}).waits, Waits{at(U, 1)});  // T@2: after U@1
   t.waited(S, at(T, 1));
   EXPECT_FALSE(t.is_ordered(S, at(U, 1)));
@@ -259,7 +259,7 @@ TEST(DependencyTracker, CompletedSuppressesWaitsOnEveryStream) {
 TEST(DependencyTracker, CompletedIsTransitive) {
   DependencyTracker t;
   const StreamId S = 1, T = 2, U = 3;
-  t.launch(U, {}, {kX});                                // U@1
+  t.launch(U, {}, {kX});                                      // U@1
   EXPECT_EQ(t.launch(T, {kX}, {kY}).waits, Waits{at(U, 1)});  // T@1, after U@1
   t.completed(at(T, 1));  // e.g. an event synchronize: U@1 is complete too
   EXPECT_TRUE(t.is_ordered(S, at(U, 1)));
@@ -271,8 +271,8 @@ TEST(DependencyTracker, CompletedIsTransitive) {
 TEST(DependencyTracker, CompletedOfAnOlderPositionUsesThatPositionsClock) {
   DependencyTracker t;
   const StreamId S = 1, T = 2, U = 3;
-  t.launch(U, {}, {kX});                                // U@1
-  t.launch(T, {}, {kY});                                // T@1: after nothing
+  t.launch(U, {}, {kX});                                    // U@1
+  t.launch(T, {}, {kY});                                    // T@1: after nothing
   EXPECT_EQ(t.launch(T, {kX}, {}).waits, Waits{at(U, 1)});  // T@2: after U@1
   t.completed(at(T, 1));
   EXPECT_EQ(t.launch(S, {kY}, {}).waits, kNone);
@@ -284,7 +284,7 @@ TEST(DependencyTracker, OldPositionsBeyondTheHistoryLimitAreTreatedConservativel
   for (const size_t limit : {size_t{2}, DependencyTracker::kDefaultHistoryLimit}) {
     SCOPED_TRACE(limit);
     DependencyTracker t(limit);
-    t.launch(U, {}, {kX});                                // U@1
+    t.launch(U, {}, {kX});                                    // U@1
     EXPECT_EQ(t.launch(T, {kX}, {}).waits, Waits{at(U, 1)});  // T@1, after U@1
     // Ten more clock changes of T, each a new history entry.
     for (StorageId v = 1; v <= 10; ++v) {
@@ -427,7 +427,7 @@ TEST(DependencyTracker, RecordsPerStorageStayBounded) {
   EXPECT_EQ(t.num_records(), 1u + 4u);  // the loop ended with a write: no readers since
   for (StreamId s = 1; s <= 3; ++s) t.launch(s, {kX}, {});
   EXPECT_EQ(t.num_records(), 1u + 3u + 4u);
-  t.launch(2, {}, {kX});                     // a write clears the readers
+  t.launch(2, {}, {kX});  // a write clears the readers
   EXPECT_EQ(t.num_records(), 1u + 4u);
   t.forget(kX);
   EXPECT_EQ(t.num_records(), 0u);
@@ -439,7 +439,7 @@ TEST(DependencyTracker, ClockHistoryIsBoundedAndPrunedByCompletions) {
   DependencyTracker t;
   for (StorageId v = 1; v <= 100; ++v) {
     for (DependencyTracker* tr : {&limited, &t}) {
-      tr->launch(V, {}, {v});                        // V's clock never changes: one entry
+      tr->launch(V, {}, {v});                              // V's clock never changes: one entry
       EXPECT_EQ(tr->launch(T, {v}, {}).waits.size(), 1u);  // each a clock change of T
     }
   }

@@ -27,23 +27,22 @@ struct Model {
   std::mutex* gil = nullptr;  // when set, go_idle's device wait needs it (as a task does the GIL)
 
   LiveSwitch::Actions actions() {
-    return LiveSwitch::Actions{
-        [this] { return pipelines.load() > 0; },
-        [this] {
-          EXPECT_FALSE(live.exchange(true)) << "went live twice";
-          ++live_calls;
-        },
-        [this] {
-          EXPECT_TRUE(live.exchange(false)) << "went idle twice";
-          in_go_idle = true;
-          std::this_thread::sleep_for(idle_delay);
-          if (gil != nullptr) {
-            std::lock_guard<std::mutex> l(*gil);
-          }
-          in_go_idle = false;
-          ++idle_calls;
-          return true;
-        }};
+    return LiveSwitch::Actions{[this] { return pipelines.load() > 0; },
+                               [this] {
+                                 EXPECT_FALSE(live.exchange(true)) << "went live twice";
+                                 ++live_calls;
+                               },
+                               [this] {
+                                 EXPECT_TRUE(live.exchange(false)) << "went idle twice";
+                                 in_go_idle = true;
+                                 std::this_thread::sleep_for(idle_delay);
+                                 if (gil != nullptr) {
+                                   std::lock_guard<std::mutex> l(*gil);
+                                 }
+                                 in_go_idle = false;
+                                 ++idle_calls;
+                                 return true;
+                               }};
   }
 };
 
@@ -128,12 +127,11 @@ TEST(LiveSwitch, ConcurrentCreationAndDestructionEndsLiveIffWanted) {
 
 TEST(LiveSwitch, AFailingActionReleasesWaitersAndKeepsTheState) {
   bool fail = true;
-  LiveSwitch sw(LiveSwitch::Actions{
-      [] { return true; },
-      [&] {
-        if (fail) throw std::runtime_error("no");
-      },
-      [] { return true; }});
+  LiveSwitch sw(LiveSwitch::Actions{[] { return true; },
+                                    [&] {
+                                      if (fail) throw std::runtime_error("no");
+                                    },
+                                    [] { return true; }});
   EXPECT_THROW(sw.update(true), std::runtime_error);
   EXPECT_FALSE(sw.live());
   EXPECT_FALSE(sw.switching());
@@ -149,20 +147,19 @@ TEST(LiveSwitch, ARefusedGoIdleStaysLive) {
   std::atomic<bool> capturing{false};
   std::atomic<bool> pipelines{true};
   int refused = 0, idled = 0;
-  LiveSwitch sw(LiveSwitch::Actions{
-      [&] { return pipelines.load() || capturing.load(); },
-      [] {},
-      [&] {
-        if (refused == 0) {
-          capturing = true;  // (a capture begins between wanted() and go_idle)
-        }
-        if (capturing) {
-          ++refused;
-          return false;
-        }
-        ++idled;
-        return true;
-      }});
+  LiveSwitch sw(
+      LiveSwitch::Actions{[&] { return pipelines.load() || capturing.load(); }, [] {},
+                          [&] {
+                            if (refused == 0) {
+                              capturing = true;  // (a capture begins between wanted() and go_idle)
+                            }
+                            if (capturing) {
+                              ++refused;
+                              return false;
+                            }
+                            ++idled;
+                            return true;
+                          }});
   sw.update(true);
   EXPECT_TRUE(sw.live());
   pipelines = false;
@@ -172,8 +169,8 @@ TEST(LiveSwitch, ARefusedGoIdleStaysLive) {
   EXPECT_EQ(idled, 0);
   capturing = true;
   std::atomic<bool> lying{true};  // (even a wanted() that says idle throughout does not spin)
-  LiveSwitch stubborn(LiveSwitch::Actions{
-      [&] { return !lying.load(); }, [] {}, [&] { return !lying.load(); }});
+  LiveSwitch stubborn(
+      LiveSwitch::Actions{[&] { return !lying.load(); }, [] {}, [&] { return !lying.load(); }});
   lying = false;
   stubborn.update(true);
   lying = true;

@@ -211,8 +211,8 @@ TEST(RaceChecker, VeryLongRecordsAreFound) {
 TEST(RaceChecker, ReuseAsWriteRacesWithUnorderedEarlierRead) {
   {
     Fixture f;
-    // A tensor in the first half of a 128-byte block is read on s1; the block is freed and handed to
-    // s2, which the allocator reports as a write of the whole block.
+    // A tensor in the first half of a 128-byte block is read on s1; the block is freed and handed
+    // to s2, which the allocator reports as a write of the whole block.
     f.rc.record_op(f.s1, "aten::mul.Tensor", {R(0, 64, "old tensor")});
     const auto races = f.rc.record_op(f.s2, "reuse", {W(0, 128, "block")});
     ASSERT_EQ(races.size(), 1u);
@@ -269,13 +269,14 @@ TEST(RaceChecker, ToStringNamesOpsTimelinesKindsAndMemory) {
   const Timeline s0 = rc.add_timeline("sim:0 stream 0 (default)");
   const Timeline s1 = rc.add_timeline("sim:0 stream 1");
   rc.record_op(s0, "aten::mul.Tensor", {R(0, 16, "sim:0 storage 0x55d0c0 (64 bytes)")});
-  const auto races = rc.record_op(s1, "aten::add_.Tensor", {W(0, 64, "sim:0 storage 0x55d0c0 (64 bytes)")});
+  const auto races =
+      rc.record_op(s1, "aten::add_.Tensor", {W(0, 64, "sim:0 storage 0x55d0c0 (64 bytes)")});
   ASSERT_EQ(races.size(), 1u);
   const std::string text = races[0].to_string();
   EXPECT_EQ(text.find('\n'), std::string::npos);
-  for (const char* part : {"aten::mul.Tensor", "aten::add_.Tensor", "sim:0 stream 0 (default)",
-                           "sim:0 stream 1", "sim:0 storage 0x55d0c0 (64 bytes)", "write by",
-                           "read by", "0x10000", "0x10010"}) {
+  for (const char* part :
+       {"aten::mul.Tensor", "aten::add_.Tensor", "sim:0 stream 0 (default)", "sim:0 stream 1",
+        "sim:0 storage 0x55d0c0 (64 bytes)", "write by", "read by", "0x10000", "0x10010"}) {
     EXPECT_NE(text.find(part), std::string::npos) << "missing '" << part << "' in: " << text;
   }
   // The later op comes first: "write by add_ on stream 1 is not ordered after read by mul ...".
@@ -366,8 +367,8 @@ TEST(RaceChecker, LongProgramOverFewStoragesStaysBounded) {
   for (int i = 0; i < 100000; ++i) {
     const Timeline t = streams[rng() % kStreams];
     const uintptr_t a = rng() % kStorages, b = rng() % kStorages, c = rng() % kStorages;
-    rc.record_op(t, "op", {R(a * 256, a * 256 + 256), R(b * 256, b * 256 + 256),
-                           W(c * 256, c * 256 + 256)});
+    rc.record_op(t, "op",
+                 {R(a * 256, a * 256 + 256), R(b * 256, b * 256 + 256), W(c * 256, c * 256 + 256)});
     if (rng() % 4 == 0) rc.join(streams[rng() % kStreams], rc.snapshot(t));
     if (rng() % 64 == 0) rc.join_timeline(kHost, t);
     if (i % 1000 == 0) rc.clear_races();
@@ -500,8 +501,8 @@ TEST(RaceChecker, RandomProgramsMatchBruteForceReference) {
           // Ranges over 128 bytes, lengths 1..64 and whole-space "reuse" writes.
           uintptr_t begin = rng() % 128, length = 1 + rng() % 64;
           if (rng() % 10 == 0) begin = 0, length = 128;
-          accesses.push_back(Access{begin, std::min<uintptr_t>(begin + length, 128),
-                                    rng() % 2 == 0, "m"});
+          accesses.push_back(
+              Access{begin, std::min<uintptr_t>(begin + length, 128), rng() % 2 == 0, "m"});
         }
         const std::string name = "op" + std::to_string(checker_raced.size());
         const auto races = rc.record_op(t, name, accesses);
@@ -572,9 +573,10 @@ TEST(RaceChecker, ConcurrentRecordingOnOwnTimelines) {
       for (int k = 0; k < kOps; ++k) {
         // Private memory: never races. Shared memory is only read.
         const auto races = rc.record_op(
-            t, "op", {Access{mine, mine + 256, k % 2 == 0, label}, Access{0, 64, false, "shared"},
-                      Access{mine + 512 + static_cast<uintptr_t>(k % 8) * 16,
-                             mine + 528 + static_cast<uintptr_t>(k % 8) * 16, true, label}});
+            t, "op",
+            {Access{mine, mine + 256, k % 2 == 0, label}, Access{0, 64, false, "shared"},
+             Access{mine + 512 + static_cast<uintptr_t>(k % 8) * 16,
+                    mine + 528 + static_cast<uintptr_t>(k % 8) * 16, true, label}});
         own_races[static_cast<size_t>(i)] += races.size();
         if (k % 16 == 0) {
           rc.join_timeline(kHost, t);

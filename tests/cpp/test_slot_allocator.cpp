@@ -142,8 +142,7 @@ TEST(SlotAllocator, ConcurrentAcquireReleaseNeverSharesASlot) {
       std::mt19937 rng(static_cast<unsigned>(t));
       std::vector<int64_t> mine;
       for (int i = 0; i < kIterations; ++i) {
-        const bool take = mine.empty() ||
-                          (mine.size() < kHeldPerThread && (rng() & 1u) != 0u);
+        const bool take = mine.empty() || (mine.size() < kHeldPerThread && (rng() & 1u) != 0u);
         if (take) {
           const int64_t slot = slots.acquire();
           if (slot < 0 || slot >= kMaxSlots) {

@@ -68,7 +68,7 @@ TEST(StorageTable, HomeUsesStayPendingUntilTheEntryIsTold) {
   table.add_young(s.key(), [&] { return s.ref(); }, Position{3, 7});
   EXPECT_EQ(table.pending_home(s.key()), 3);
   table.note_home_use(s.key(), 8, /*write=*/false);
-  table.note_home_use(s.key(), 9, /*write=*/true);   // drops the read before it
+  table.note_home_use(s.key(), 9, /*write=*/true);  // drops the read before it
   table.note_home_use(s.key(), 10, /*write=*/false);
   table.note_home_use(s.key(), 11, /*write=*/false);
   EXPECT_EQ(table.size(), 0u);  // (no promotion)
@@ -76,7 +76,7 @@ TEST(StorageTable, HomeUsesStayPendingUntilTheEntryIsTold) {
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(e->home_uses.write, 9u);
   EXPECT_EQ(e->home_uses.read, 11u);
-  EXPECT_EQ(table.pending_home(s.key()), 3);  // an entry whose definition is still pending
+  EXPECT_EQ(table.pending_home(s.key()), 3);         // an entry whose definition is still pending
   table.note_home_use(s.key(), 12, /*write=*/true);  // an op reading and writing it: written
   table.note_home_use(s.key(), 12, /*write=*/false);
   EXPECT_EQ(e->home_uses.write, 12u);

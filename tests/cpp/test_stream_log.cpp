@@ -111,10 +111,14 @@ TEST(KeepAliveQueue, TakesTheItemsAPredicateLetsGoAnywhereUpToAPosition) {
   std::vector<std::string> out;
   std::vector<uint64_t> asked;
   // Only up to position 6, and only what the predicate lets go: "a" stays ahead of them.
-  EXPECT_EQ(q.take_if(6, [&](uint64_t s, const std::string& x) {
-    asked.push_back(s);
-    return x != "a";
-  }, out), 2u);
+  EXPECT_EQ(q.take_if(
+                6,
+                [&](uint64_t s, const std::string& x) {
+                  asked.push_back(s);
+                  return x != "a";
+                },
+                out),
+            2u);
   EXPECT_EQ(asked, (std::vector<uint64_t>{2, 4, 6}));
   EXPECT_EQ(out, (std::vector<std::string>{"b", "c"}));
   EXPECT_EQ(q.size(), 2u);

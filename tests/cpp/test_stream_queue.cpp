@@ -22,10 +22,12 @@ TEST(StreamQueue, RunsInFifoOrderOnItsOwnThreadAndReturnsAtOnce) {
   const auto start = std::chrono::steady_clock::now();
   uint64_t last = 0;
   for (int i = 0; i < 5; ++i) {
-    last = q.enqueue([&, i] {
-      order.push_back(i);
-      if (std::this_thread::get_id() == caller) other_thread = false;
-    }, 10ms);
+    last = q.enqueue(
+        [&, i] {
+          order.push_back(i);
+          if (std::this_thread::get_id() == caller) other_thread = false;
+        },
+        10ms);
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, 30ms);  // enqueue does not wait
   EXPECT_EQ(last, 5u);
@@ -39,7 +41,9 @@ TEST(StreamQueue, RunsInFifoOrderOnItsOwnThreadAndReturnsAtOnce) {
 TEST(StreamQueue, CompletedIsAPrefix) {
   StreamQueue q;
   std::atomic<bool> release{false};
-  const uint64_t a = q.enqueue([&] { while (!release) std::this_thread::sleep_for(1ms); });
+  const uint64_t a = q.enqueue([&] {
+    while (!release) std::this_thread::sleep_for(1ms);
+  });
   const uint64_t b = q.enqueue([] {});
   std::this_thread::sleep_for(20ms);
   EXPECT_FALSE(q.reached(a));

@@ -78,9 +78,13 @@ TEST(WaitCycles, TaskQueuedBehindTheWaiterAcrossTwoWorkersRaisesNamingBothTasks)
   const std::string& m = *a_error;
   EXPECT_NE(m.find("cycle"), std::string::npos) << m;
   EXPECT_NE(m.find("task A of pipeline p1 on worker thread 1 (its task #1) waits for task B of "
-                   "pipeline p2 on worker thread 2 (its task #1)"), std::string::npos) << m;
+                   "pipeline p2 on worker thread 2 (its task #1)"),
+            std::string::npos)
+      << m;
   EXPECT_NE(m.find("task B of pipeline p2 on worker thread 2 (its task #1) waits for task C of "
-                   "pipeline p1b on worker thread 1 (its task #2)"), std::string::npos) << m;
+                   "pipeline p1b on worker thread 1 (its task #2)"),
+            std::string::npos)
+      << m;
 }
 
 TEST(WaitCycles, ThreeWorkerCycleIsDetected) {
@@ -100,7 +104,9 @@ TEST(WaitCycles, ThreeWorkerCycleIsDetected) {
   } catch (const WaitCycleError& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find("t3 on worker thread 3 (its task #1) waits for t1b on worker thread 1 (its "
-                     "task #2)"), std::string::npos) << m;
+                     "task #2)"),
+              std::string::npos)
+        << m;
     EXPECT_NE(m.find("t1 on worker thread 1 (its task #1) waits for t2 on"), std::string::npos)
         << m;
     EXPECT_NE(m.find("t2 on worker thread 2 (its task #1) waits for t3 on"), std::string::npos)

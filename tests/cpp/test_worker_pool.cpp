@@ -279,8 +279,8 @@ TEST(WorkerThread, OnIdleRunsOnWorkerOnlyOnceTheQueueHasDrained) {
   EXPECT_EQ(idle_calls.get(), 1);
   ASSERT_EQ(idle_seen_by_task.size(), static_cast<size_t>(kQueued + 1));
   for (size_t i = 0; i < idle_seen_by_task.size(); ++i) {
-    EXPECT_EQ(idle_seen_by_task[i], 0) << "on_idle was called before task " << i
-                                       << " while it was still queued";
+    EXPECT_EQ(idle_seen_by_task[i], 0)
+        << "on_idle was called before task " << i << " while it was still queued";
   }
 
   // A second batch gets its own on_idle once it is done.
@@ -523,7 +523,9 @@ TEST(WorkerThread, DestructorWithQueuedTasksCancelsThemAndDoesNotHang) {
 }
 
 TEST(WorkerThread, DestructorOfIdleAndNeverStartedWorkers) {
-  { WorkerThread never_started(0, {}); }
+  {
+    WorkerThread never_started(0, {});
+  }
   {
     WorkerThread idle(1, {});
     ASSERT_TRUE(idle.wait_until_done(idle.submit(make_task([] {})), kLong));

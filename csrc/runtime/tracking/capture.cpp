@@ -29,10 +29,10 @@ struct CaptureHandle::Impl {
 // What each replay touches, built once when the capture ended (immutable, shared with the
 // replays that are open).
 struct GraphReplay::Touched {
-  std::vector<at::Tensor> kept;           // over the storages kept for the graph's lifetime
-  std::vector<detail::Access> accesses;   // over `kept`
+  std::vector<at::Tensor> kept;          // over the storages kept for the graph's lifetime
+  std::vector<detail::Access> accesses;  // over `kept`
   std::vector<detail::GraphLedger::Other> others;  // the rest, not kept (alive at the end)
-  std::vector<c10::Device> devices;       // of `kept` (the replay enters them into the pipeline)
+  std::vector<c10::Device> devices;  // of `kept` (the replay enters them into the pipeline)
 };
 
 struct CapturedGraph::Impl {
@@ -189,9 +189,7 @@ CaptureWorld::CaptureWorld(core::CaptureId i, const c10::Stream& o)
   TORCH_INTERNAL_ASSERT(e.id == 1, "the origin of a capture is its world's first stream");
 }
 
-bool capture_aware() {
-  return g_aware.load(std::memory_order_relaxed);
-}
+bool capture_aware() { return g_aware.load(std::memory_order_relaxed); }
 
 WorldPtr world_for_launch(const std::vector<c10::Device>& devices) {
   if (g_registry->size() == 0 && !t_prepared) {
@@ -203,9 +201,7 @@ WorldPtr world_for_launch(const std::vector<c10::Device>& devices) {
   return find_world(devices);
 }
 
-WorldPtr world_of_period(uint64_t period) {
-  return g_registry->find(period & ~kCapturePeriod);
-}
+WorldPtr world_of_period(uint64_t period) { return g_registry->find(period & ~kCapturePeriod); }
 
 WorldPtr world_of_stream(const c10::Stream& stream) {
   if (g_registry->size() == 0 || !capture_aware()) {
@@ -222,9 +218,7 @@ WorldPtr world_of_stream(const c10::Stream& stream) {
   return id == core::kUnknownCapture ? nullptr : g_registry->find(id);
 }
 
-bool capturing_thread() {
-  return t_world && !t_world->ended.load(std::memory_order_acquire);
-}
+bool capturing_thread() { return t_world && !t_world->ended.load(std::memory_order_acquire); }
 
 void join_world_locked(CaptureWorld& w, StreamEntry& se) {
   if (w.ledger.joined(se.id)) {
@@ -261,17 +255,18 @@ void join_world_locked(CaptureWorld& w, StreamEntry& se) {
 }
 
 void capture_use_locked(CaptureWorld& w, StreamEntry& se, const c10::Storage& storage, bool write) {
-  if (w.ledger.use(key_of(storage), se.id, write, [&] { return storage.getWeakStorageImpl(); },
-                   [&] { return tensor_of(storage); })) {
+  if (w.ledger.use(
+          key_of(storage), se.id, write, [&] { return storage.getWeakStorageImpl(); },
+          [&] { return tensor_of(storage); })) {
     count(g_counters.capture_kept);
   }
 }
 
 void capture_output_locked(CaptureWorld& w, const c10::Storage& storage, core::StreamId home) {
   // Host memory a captured copy writes is written at every replay: kept.
-  if (w.ledger.born(key_of(storage), home, /*keep=*/storage.device().is_cpu(),
-                    [&] { return storage.getWeakStorageImpl(); },
-                    [&] { return tensor_of(storage); })) {
+  if (w.ledger.born(
+          key_of(storage), home, /*keep=*/storage.device().is_cpu(),
+          [&] { return storage.getWeakStorageImpl(); }, [&] { return tensor_of(storage); })) {
     count(g_counters.capture_kept);
   }
 }
@@ -286,14 +281,14 @@ void explain_failed_query(const char* what, const c10::Error& e, uint64_t period
     return;
   }
   warn(std::string(what) + " failed (" + e.what_without_backtrace() +
-                "). If a graph capture that was not begun through torch.cuda.graph / "
-                "CUDAGraph.capture_begin is underway (an extension calling "
-                "cudaStreamBeginCapture directly, say), that is why: the tracker queries events "
-                "to let go of memory it keeps alive and cannot know of such a capture, which the "
-                "query fails (cudaErrorStreamCaptureUnsupported). Capturing that way is not "
-                "supported while a pipeline is alive: capture through torch.cuda.graph (or "
-                "CUDAGraph.capture_begin / capture_end, torch.accelerator.Graph), or with no "
-                "pipeline alive. (Warned once per live period.)");
+       "). If a graph capture that was not begun through torch.cuda.graph / "
+       "CUDAGraph.capture_begin is underway (an extension calling "
+       "cudaStreamBeginCapture directly, say), that is why: the tracker queries events "
+       "to let go of memory it keeps alive and cannot know of such a capture, which the "
+       "query fails (cudaErrorStreamCaptureUnsupported). Capturing that way is not "
+       "supported while a pipeline is alive: capture through torch.cuda.graph (or "
+       "CUDAGraph.capture_begin / capture_end, torch.accelerator.Graph), or with no "
+       "pipeline alive. (Warned once per live period.)");
 }
 
 void reset_captures_after_fork() {
@@ -306,9 +301,7 @@ void reset_captures_after_fork() {
   (void)t_prepared.release();  // (leaked: its gate was reset above)
 }
 
-size_t captures_underway() {
-  return g_registry->size();
-}
+size_t captures_underway() { return g_registry->size(); }
 
 }  // namespace detail
 
@@ -451,11 +444,10 @@ std::shared_ptr<CapturedGraph> capture_ended(const CaptureHandle* capture) {
   return graph;
 }
 
-void set_capture_aware(bool aware) {
-  detail::g_aware.store(aware);
-}
+void set_capture_aware(bool aware) { detail::g_aware.store(aware); }
 
-// ---- a captured graph and its replays -------------------------------------------------------------
+// ---- a captured graph and its replays
+// -------------------------------------------------------------
 
 CapturedGraph::CapturedGraph(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CapturedGraph::~CapturedGraph() = default;
@@ -487,8 +479,8 @@ GraphReplay::GraphReplay(const CapturedGraph& graph) {
   const Touched& t = *touched_;
   // The kept storages' accesses are built already; the others are looked up now, and a kept
   // storage whose memory was let go (resized to nothing) is left out.
-  const bool all_data = std::all_of(t.kept.begin(), t.kept.end(),
-                                    [](const at::Tensor& k) { return has_data(k); });
+  const bool all_data =
+      std::all_of(t.kept.begin(), t.kept.end(), [](const at::Tensor& k) { return has_data(k); });
   const bool direct = all_data && t.others.empty();
   std::vector<Access> some;
   if (!direct) {
@@ -519,9 +511,7 @@ GraphReplay::GraphReplay(const CapturedGraph& graph) {
   open_scope(accesses, launched_, period_, keep_alive_);
 }
 
-GraphReplay::~GraphReplay() {
-  close();
-}
+GraphReplay::~GraphReplay() { close(); }
 
 void GraphReplay::close() {
   if (!launched_.empty()) {

@@ -34,17 +34,15 @@ using GraphLedger = core::CaptureLedger<at::Tensor, c10::weak_intrusive_ptr<c10:
 
 // Periods of capture worlds have this bit (with the capture id below it); the main state's never.
 constexpr uint64_t kCapturePeriod = uint64_t{1} << 63;
-inline bool is_capture_period(uint64_t period) {
-  return (period & kCapturePeriod) != 0;
-}
+inline bool is_capture_period(uint64_t period) { return (period & kCapturePeriod) != 0; }
 
 struct CaptureWorld {
   CaptureWorld(core::CaptureId id, const c10::Stream& origin);
   const core::CaptureId id;
   const c10::Stream origin;
-  std::atomic<bool> ended{false};  // capture_ended ran (on any thread)
-  LiveState st;                    // positions inside the capture (st.period: kCapturePeriod | id)
-  GraphLedger ledger;              // (under st.mutex)
+  std::atomic<bool> ended{false};   // capture_ended ran (on any thread)
+  LiveState st;                     // positions inside the capture (st.period: kCapturePeriod | id)
+  GraphLedger ledger;               // (under st.mutex)
   std::vector<std::string> errors;  // tracking errors inside the capture, raised at its end
                                     // (under st.mutex; the first few)
 };

@@ -58,8 +58,8 @@ void work_waited(const void* work) {
     LiveState& st = state();
     std::lock_guard<std::mutex> lock(st.mutex);
     auto& works = st.async_works;
-    auto it = std::find_if(works.begin(), works.end(),
-                           [&](const auto& w) { return w.first == work; });
+    auto it =
+        std::find_if(works.begin(), works.end(), [&](const auto& w) { return w.first == work; });
     if (it == works.end()) {
       return;
     }

@@ -15,14 +15,10 @@ namespace {
 std::atomic<bool> g_regions_wrapped{false};
 }  // namespace
 
-bool regions_wrapped() {
-  return g_regions_wrapped.load(std::memory_order_relaxed);
-}
+bool regions_wrapped() { return g_regions_wrapped.load(std::memory_order_relaxed); }
 }  // namespace detail
 
-void set_regions_wrapped(bool wrapped) {
-  detail::g_regions_wrapped.store(wrapped);
-}
+void set_regions_wrapped(bool wrapped) { detail::g_regions_wrapped.store(wrapped); }
 
 CompiledRegion::CompiledRegion(const std::vector<at::Tensor>& args) {
   using namespace detail;
@@ -76,9 +72,7 @@ void CompiledRegion::outputs(const std::vector<at::Tensor>& outs) {
   }
 }
 
-CompiledRegion::~CompiledRegion() {
-  close();
-}
+CompiledRegion::~CompiledRegion() { close(); }
 
 void CompiledRegion::close() {
   using namespace detail;

@@ -26,7 +26,7 @@ void host_access(const std::vector<Access>& cpu, std::vector<StorageId>& reads,
                  std::vector<StorageId>& writes) {
   LiveState& st = state();
   std::vector<std::shared_ptr<c10::Event>> events;
-  std::vector<Position> waits;    // the device waits, and how far each event reaches
+  std::vector<Position> waits;  // the device waits, and how far each event reaches
   std::vector<uint64_t> reaches;
   uint64_t period = 0;
   Position position;

@@ -14,9 +14,7 @@ namespace tracking {
 namespace detail {
 
 // Whether any CPU memory is watched (lock-free).
-inline bool watching_host() {
-  return g_host_watch.load(std::memory_order_acquire) > 0;
-}
+inline bool watching_host() { return g_host_watch.load(std::memory_order_acquire) > 0; }
 // Marks `e` (a CPU storage an async copy touches) watched. LiveState::mutex held.
 void watch_locked(StorageEntry& e);
 // A synchronous CPU op accesses `cpu` (CPU tensors): it waits on the host for the copies that

@@ -50,9 +50,7 @@ void record_stream(const c10::Stream& stream, const c10::Storage& storage) {
 
 }  // namespace
 
-bool keeping_alive() {
-  return safety() == AllocatorSafety::kKeepAlive;
-}
+bool keeping_alive() { return safety() == AllocatorSafety::kKeepAlive; }
 
 void protect_use_locked(StorageEntry& e, StreamEntry& se, const c10::Storage& storage,
                         bool keep_alive, std::vector<PendingKeepAlive>& pending) {
@@ -187,7 +185,8 @@ void poll_locked(LiveState& st, std::vector<c10::Storage>& released) {
 }
 
 void release_ordered_locked(LiveState& st, const StreamEntry& waiter,
-                            const std::vector<Position>& waited, std::vector<c10::Storage>& released) {
+                            const std::vector<Position>& waited,
+                            std::vector<c10::Storage>& released) {
   if (st.kept_alive == 0) {
     return;
   }
@@ -225,9 +224,7 @@ void set_allocator_safety(AllocatorSafety safety) {
   detail::g_safety.store(static_cast<int>(safety));
 }
 
-AllocatorSafety allocator_safety() {
-  return detail::safety();
-}
+AllocatorSafety allocator_safety() { return detail::safety(); }
 
 void poll() {
   using namespace detail;

@@ -23,9 +23,9 @@ void protect_use_locked(StorageEntry& e, StreamEntry& se, const c10::Storage& st
 // The op about to launch on `se` writes storage `e` and may give it new memory (resize_, an out=
 // argument): its block as it is now is freed inside the op, to the pool of its allocation stream,
 // where the next allocation may take it at once. Unless `se` is that stream, the block is recorded
-// on `se` with the allocator (in both modes: keeping the storage alive does not keep its old block),
-// so it is not reused before this op, and the uses it waits for, have run (once per block and
-// stream: StorageEntry::recorded).
+// on `se` with the allocator (in both modes: keeping the storage alive does not keep its old
+// block), so it is not reused before this op, and the uses it waits for, have run (once per block
+// and stream: StorageEntry::recorded).
 void protect_old_block_locked(StorageEntry& e, const StreamEntry& se, const c10::Storage& storage);
 // The ops of `launched` have launched: the pending keep-alives on their streams start now.
 void start_keep_alive_locked(LiveState& st, std::vector<PendingKeepAlive>& pending,
@@ -44,7 +44,8 @@ void maybe_poll_locked(LiveState& st, std::vector<c10::Storage>& released);
 // its own stream returns to the allocator when its reader frees it, not when a poll sees the copy
 // done, however far the host runs ahead.
 void release_ordered_locked(LiveState& st, const StreamEntry& waiter,
-                            const std::vector<Position>& waited, std::vector<c10::Storage>& released);
+                            const std::vector<Position>& waited,
+                            std::vector<c10::Storage>& released);
 // Going idle: storages kept alive, whose uses may still run, go to record_stream (moved to
 // `released`).
 void hand_to_allocator_locked(LiveState& st, std::vector<c10::Storage>& released);

@@ -21,7 +21,8 @@ namespace {
 
 thread_local ThreadRun t_run;
 
-// Before this thread launches on stream `next`: the end of its run on another stream gets its event.
+// Before this thread launches on stream `next`: the end of its run on another stream gets its
+// event.
 void end_run_locked(ThreadRun& run, LiveState& st, StreamId next) {
   if (run.last.seq != 0 && run.last.stream != next) {
     if (run.last_period == st.period) {
@@ -41,9 +42,7 @@ void settle_locked(LiveState& st, const std::vector<Launched>& launched) {
 
 }  // namespace
 
-ThreadRun& thread_run() {
-  return t_run;
-}
+ThreadRun& thread_run() { return t_run; }
 
 void enter_streams(const std::vector<c10::Device>& devices) {
   if (devices.empty() || world_for_launch(devices)) {
@@ -115,7 +114,8 @@ void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool asy
       StorageEntry& e = found != nullptr ? *found : acquire_storage_locked(st, storage);
       define_pending_locked(st, e);
       if (world) {
-        capture_use_locked(*world, se, storage, a.write);  // (perhaps kept for the graph's lifetime)
+        capture_use_locked(*world, se, storage,
+                           a.write);  // (perhaps kept for the graph's lifetime)
       } else if (cpu_here) {
         watch_locked(e);
       } else {

@@ -118,7 +118,7 @@ core::LiveSwitch& live_switch() {
         // on capturing streams, and go_idle refuses), even when switched off, but does not make
         // it go live.
         return (query_gate().paused() > 0 && g_live.load()) ||
-            (g_enabled.load() && (g_pipelines.load() > 0 || g_pins.load() > 0));
+               (g_enabled.load() && (g_pipelines.load() > 0 || g_pins.load() > 0));
       },
       &go_live, &go_idle});
   return *sw;
@@ -129,9 +129,7 @@ void before_fork() {
   g_registering.lock();  // (a switch in progress finishes adding or removing the callback first)
 }
 
-void after_fork_in_parent() {
-  g_registering.unlock();
-}
+void after_fork_in_parent() { g_registering.unlock(); }
 
 // In the child, right after fork (only the forking thread exists; other threads of the parent
 // may have held the tracker's locks): new state and locks, nothing live, no pipelines or pins
@@ -166,9 +164,7 @@ void update_live(bool settle) {
   live_switch().update(settle, [](const core::LiveSwitch::Step& step) { blocking_wait(step); });
 }
 
-uint64_t fork_generation() {
-  return g_fork_generation.load(std::memory_order_acquire);
-}
+uint64_t fork_generation() { return g_fork_generation.load(std::memory_order_acquire); }
 
 }  // namespace detail
 
@@ -191,18 +187,14 @@ void pipeline_destroyed() {
   }
 }
 
-bool live() {
-  return detail::g_live.load(std::memory_order_acquire);
-}
+bool live() { return detail::g_live.load(std::memory_order_acquire); }
 
 void set_enabled(bool enabled) {
   detail::g_enabled.store(enabled);
   detail::update_live(/*settle=*/true);
 }
 
-bool enabled() {
-  return detail::g_enabled.load();
-}
+bool enabled() { return detail::g_enabled.load(); }
 
 }  // namespace tracking
 }  // namespace torch_pipeline

@@ -39,11 +39,13 @@ constexpr char kDynamoRange[] = "Torch-Compiled Region";
 void report_compiled_gap(const char* name) {
   warn_once("compiled region not tracked",
             std::string("automatic synchronization could not see the kernels of a compiled region "
-                        "(") + name + "): neither its AOTAutograd call nor any operator in it was "
-            "tracked, so it may race with other pipelines. torch_pipeline wraps AOTAutograd's "
-            "compiled calls (the default inductor backend and aot_* backends); for another "
-            "backend, declare the region's tensors with `with tp.track(read=..., write=...)` "
-            "around the call. Warned once.");
+                        "(") +
+                name +
+                "): neither its AOTAutograd call nor any operator in it was "
+                "tracked, so it may race with other pipelines. torch_pipeline wraps AOTAutograd's "
+                "compiled calls (the default inductor backend and aot_* backends); for another "
+                "backend, declare the region's tensors with `with tp.track(read=..., write=...)` "
+                "around the call. Warned once.");
 }
 
 // Per-thread state of the op being observed (only the outermost one of a thread).
@@ -52,10 +54,10 @@ struct Tls {
   int active = 0;  // level of the observed (outermost) op, 0 if none
   // The observed op is a storage resize inside a compiled region (kInRegion again at its end).
   bool in_region = false;
-  uint64_t period = 0;      // the live period of its launch
-  bool async = false;       // a non_blocking copy: its CPU storages are accessed on the stream
-  bool host_only = false;   // the op has nothing on a device and nothing watched: no end work
-  bool c10d = false;        // a c10d op (a collective): it may return a Work
+  uint64_t period = 0;     // the live period of its launch
+  bool async = false;      // a non_blocking copy: its CPU storages are accessed on the stream
+  bool host_only = false;  // the op has nothing on a device and nothing watched: no end work
+  bool c10d = false;       // a c10d op (a collective): it may return a Work
   // The device tensors a c10d op writes, owned: its boxed inputs, which `accesses` point into, are
   // destroyed once the start callbacks have run, and a Work it returns is noted at its end.
   std::vector<at::Tensor> c10d_written;
@@ -164,8 +166,8 @@ void add_tensor(const at::Tensor& t, bool write, bool may_move, Tls& tls_of_op) 
 
 void failed(const char* where, const std::string& op, const std::exception& e) {
   warn_once(std::string("tracking failed ") + where + " " + op,
-            std::string("automatic synchronization failed ") + where + " " + op + " (" +
-                e.what() + "); this op may race. Further failures of this op there are not "
+            std::string("automatic synchronization failed ") + where + " " + op + " (" + e.what() +
+                "); this op may race. Further failures of this op there are not "
                 "reported.");
 }
 
@@ -273,8 +275,8 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, bool on_device
       t.moving.emplace_back(*a.tensor, a.tensor->storage().data());
     }
   }
-  const bool non_blocking = facts.non_blocking >= 0 &&
-      static_cast<size_t>(facts.non_blocking) < inputs.size() &&
+  const bool non_blocking =
+      facts.non_blocking >= 0 && static_cast<size_t>(facts.non_blocking) < inputs.size() &&
       inputs[facts.non_blocking].isBool() && inputs[facts.non_blocking].toBool();
   std::optional<c10::Device> target;
   if (!any_device) {

@@ -27,7 +27,8 @@ namespace detail {
 namespace {
 std::mutex* g_wait_mutex = new std::mutex();  // replaced after fork
 BlockingWait* g_blocking_wait = nullptr;      // guarded by *g_wait_mutex
-// The pins of the task running on this thread and of the tasks that submitted it (TaskPins::Running).
+// The pins of the task running on this thread and of the tasks that submitted it
+// (TaskPins::Running).
 thread_local std::vector<PinPtr> t_running;
 
 bool running_here(const PinPtr& p) {
@@ -73,10 +74,12 @@ void wait_for_pins(const std::vector<Access>& accesses) {
         continue;
       }
       auto& pins = e->data.pins;
-      pins.erase(std::remove_if(pins.begin(), pins.end(), [](const PinPtr& p) {
-                   std::lock_guard<std::mutex> l(p->mutex);
-                   return p->released;
-                 }), pins.end());
+      pins.erase(std::remove_if(pins.begin(), pins.end(),
+                                [](const PinPtr& p) {
+                                  std::lock_guard<std::mutex> l(p->mutex);
+                                  return p->released;
+                                }),
+                 pins.end());
       for (const PinPtr& p : pins) {
         if (p->worker_id != me && !running_here(p)) {
           wait.push_back(p);  // (not the task's own work, nor that of a task it submitted)
@@ -123,9 +126,7 @@ TaskPins::TaskPins(const std::vector<at::Tensor>& tensors, int worker_id)
   }
 }
 
-TaskPins::~TaskPins() {
-  release();
-}
+TaskPins::~TaskPins() { release(); }
 
 TaskPins::Running::Running(const TaskPins& pins) : saved_(std::move(detail::t_running)) {
   detail::t_running = pins.inherited_;
@@ -134,9 +135,7 @@ TaskPins::Running::Running(const TaskPins& pins) : saved_(std::move(detail::t_ru
   }
 }
 
-TaskPins::Running::~Running() {
-  detail::t_running = std::move(saved_);
-}
+TaskPins::Running::~Running() { detail::t_running = std::move(saved_); }
 
 void TaskPins::release() {
   using namespace detail;
@@ -160,7 +159,8 @@ void TaskPins::release() {
     } catch (const std::exception& e) {  // (called from noexcept task paths)
       warn_once("tracking: last pin released",
                 std::string("automatic synchronization failed when the last task "
-                            "pinning tensors ended (") + e.what() + ")");
+                            "pinning tensors ended (") +
+                    e.what() + ")");
     }
   }
 }

@@ -37,9 +37,7 @@ LiveState::LiveState()
     : tracker(std::make_unique<core::DependencyTracker>()),
       storages([this](std::vector<StorageEntry>& dead) { forget_dead_locked(*this, dead); }) {}
 
-LiveState& state() {
-  return *g_state;
-}
+LiveState& state() { return *g_state; }
 
 void replace_state_after_fork() {
   // Only the forking thread exists; another thread may have held the old state's lock: leaked.

@@ -7,16 +7,14 @@
 //   state.cpp       this state, its reset, the fork handler, stats()
 //   life.cpp        going live / idle (core::LiveSwitch), pipeline counts, the callback
 //   observer.*      the RecordFunction callbacks and their per-thread state
-//   launch.*        an op's launch on its streams and its end (the path observer and tp.track share)
-//   streams.*       the stream log: positions, events, settled; baseline and barrier; external waits
-//   storages.*      the storage table: entries, young outputs, sweep
-//   keep_alive.*    allocator safety: keep alive or record_stream, polling
-//   pins.*          tensors pinned by tasks (TaskPins)
-//   host_watch.*    CPU memory of non_blocking copies
-//   collectives.cpp async collectives (work_waited)
-//   track_scope.cpp tp.track (TrackScope)
-//   compiled.cpp    compiled regions (CompiledRegion)
-//   capture.*       graph capture: captures underway (each a LiveState of its own), the hooks
+//   launch.*        an op's launch on its streams and its end (the path observer and tp.track
+//   share) streams.*       the stream log: positions, events, settled; baseline and barrier;
+//   external waits storages.*      the storage table: entries, young outputs, sweep keep_alive.*
+//   allocator safety: keep alive or record_stream, polling pins.*          tensors pinned by tasks
+//   (TaskPins) host_watch.*    CPU memory of non_blocking copies collectives.cpp async collectives
+//   (work_waited) track_scope.cpp tp.track (TrackScope) compiled.cpp    compiled regions
+//   (CompiledRegion) capture.*       graph capture: captures underway (each a LiveState of its
+//   own), the hooks
 //                   around a capture's begin and end, captured graphs and their replays
 #pragma once
 
@@ -49,19 +47,19 @@ using core::StreamId;
 using PinPtr = std::shared_ptr<TaskPins::State>;
 
 // ---- process-wide switches and counters (lock-free reads on the op path) ----------------------
-extern std::atomic<bool> g_live;        // ops are tracked (set after going live, cleared first
-                                        // when going idle)
-extern std::atomic<bool> g_observing;   // the callback installed is this process's (not a
-                                        // forked child's copy of the parent's)
+extern std::atomic<bool> g_live;       // ops are tracked (set after going live, cleared first
+                                       // when going idle)
+extern std::atomic<bool> g_observing;  // the callback installed is this process's (not a
+                                       // forked child's copy of the parent's)
 extern std::atomic<bool> g_enabled;
 extern std::atomic<int64_t> g_pipelines;   // non-default pipelines alive
 extern std::atomic<int64_t> g_pins;        // TaskPins with tensors, not released
 extern std::atomic<int64_t> g_host_watch;  // watched CPU storages, not swept
 
 struct Counters {
-  std::atomic<uint64_t> ops{0}, launches{0}, waits{0}, events{0}, host_waits{0},
-      record_streams{0}, pin_waits{0}, keep_alives{0}, released{0}, unclaimed{0}, gaps{0},
-      compiled_regions{0}, compiled_unwrapped{0}, captures{0}, capture_forks{0}, capture_joins{0}, capture_kept{0},
+  std::atomic<uint64_t> ops{0}, launches{0}, waits{0}, events{0}, host_waits{0}, record_streams{0},
+      pin_waits{0}, keep_alives{0}, released{0}, unclaimed{0}, gaps{0}, compiled_regions{0},
+      compiled_unwrapped{0}, captures{0}, capture_forks{0}, capture_joins{0}, capture_kept{0},
       graph_replays{0}, polls_paused{0};
 };
 extern Counters g_counters;
@@ -76,9 +74,7 @@ std::vector<std::string> gap_ops();
 
 // The host timelines (CPU ops on watched memory): one per thread, ids -1, -2, ...
 StreamId host_stream();
-inline bool is_host(StreamId id) {
-  return id < 0;
-}
+inline bool is_host(StreamId id) { return id < 0; }
 
 // ---- one live period ------------------------------------------------------------------------
 struct StreamEntry {  // (streams.*; `kept` belongs to keep_alive.*)
@@ -89,7 +85,7 @@ struct StreamEntry {  // (streams.*; `kept` belongs to keep_alive.*)
   core::KeepAliveQueue<c10::Storage> kept;  // storages of other streams used here
 };
 
-struct StorageData {  // the runtime's fields of a storage entry
+struct StorageData {          // the runtime's fields of a storage entry
   bool host_watched = false;  // a CPU storage an async copy touched (host_watch.*)
   std::vector<PinPtr> pins;   // tasks pinning it (pins.*)
 };

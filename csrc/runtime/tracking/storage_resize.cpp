@@ -18,7 +18,7 @@ at::Tensor bytes_of(const c10::Storage& storage) {
   const c10::DispatchKeySet keys(
       c10::computeDispatchKey(c10::kByte, c10::kStrided, storage.device()));
   auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(storage), keys,
-                                                     caffe2::TypeMeta::Make<uint8_t>());
+                                                   caffe2::TypeMeta::Make<uint8_t>());
   impl->set_sizes_contiguous({static_cast<int64_t>(storage.nbytes())});
   return at::Tensor(std::move(impl));
 }
@@ -66,7 +66,8 @@ StorageResize::~StorageResize() {
     done();
   } catch (const std::exception& e) {
     warn_once("tracking: storage resize", std::string("automatic synchronization failed after "
-              "UntypedStorage.resize_ (") + e.what() + "); the storage may race.");
+                                                      "UntypedStorage.resize_ (") +
+                                              e.what() + "); the storage may race.");
   }
 }
 

@@ -17,8 +17,8 @@ StorageEntry* find_storage_locked(LiveState& st, const c10::StorageImpl* key) {
 }
 
 void add_young_locked(LiveState& st, const c10::Storage& storage, Position definition) {
-  st.storages.add_young(storage.unsafeGetStorageImpl(),
-                        [&] { return storage.getWeakStorageImpl(); }, definition);
+  st.storages.add_young(
+      storage.unsafeGetStorageImpl(), [&] { return storage.getWeakStorageImpl(); }, definition);
 }
 
 void define_pending_locked(LiveState& st, StorageEntry& e) {

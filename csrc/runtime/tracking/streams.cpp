@@ -121,8 +121,8 @@ void barrier_locked(LiveState& st) {
     ends.back().second.record(stream);
     waiters.push_back(stream);
     const auto* impl = guard_impl(stream.device_type());
-    for (const c10::Stream& s : {impl->getDefaultStream(stream.device()),
-                                 impl->getStream(stream.device())}) {
+    for (const c10::Stream& s :
+         {impl->getDefaultStream(stream.device()), impl->getStream(stream.device())}) {
       if (std::find(waiters.begin(), waiters.end(), s) == waiters.end()) {
         waiters.push_back(s);
       }
@@ -139,7 +139,8 @@ void barrier_locked(LiveState& st) {
 
 }  // namespace detail
 
-// ---- external waits ------------------------------------------------------------------------------
+// ---- external waits
+// ------------------------------------------------------------------------------
 Mark mark(const c10::Stream& stream) {
   using namespace detail;
   if (!live()) {

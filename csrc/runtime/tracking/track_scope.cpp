@@ -52,7 +52,8 @@ void close_scope(std::vector<Launched>& launched, uint64_t period,
 
 }  // namespace detail
 
-TrackScope::TrackScope(const std::vector<at::Tensor>& reads, const std::vector<at::Tensor>& writes) {
+TrackScope::TrackScope(const std::vector<at::Tensor>& reads,
+                       const std::vector<at::Tensor>& writes) {
   using namespace detail;
   if (!live()) {
     return;
