@@ -167,6 +167,7 @@ def test_a_compiled_function_that_switches_streams_inside_stays_correct() -> Non
     assert sim.races() == []
 
 
+@pytest.mark.compiler
 def test_inductor_on_the_cpu_inside_pipelines_equals_eager() -> None:
     """The real Inductor (C++ kernels): results equal eager's (up to Inductor's fusion)."""
     torch._dynamo.reset()

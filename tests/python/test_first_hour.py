@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 from pathlib import Path
@@ -18,12 +19,16 @@ import pytest
 import torch_pipeline as tp
 
 ROOT = Path(__file__).resolve().parents[2]
+# Children run where they import the same torch_pipeline as this process: in the source tree for a
+# build in place, elsewhere for an installed wheel (scripts/test_wheel.sh), as Python puts the
+# working directory first on sys.path and the tree's copy of the package has no compiled module.
+CHILD_CWD = ROOT if ROOT in Path(tp.__file__).resolve().parents else Path(tempfile.gettempdir())
 
 
 def _run(source: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_PIPELINE_")}
     return subprocess.run([sys.executable, "-c", textwrap.dedent(source), *args],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=CHILD_CWD)
 
 
 # ---- async functions, async generators and async forward run under their pipeline -------------
@@ -250,9 +255,9 @@ def test_out_of_range_device_indices_are_errors_naming_the_devices() -> None:
 
 # ---- examples/async_logging.py --help says the defaults it uses --------------------------------
 def test_async_logging_help_states_the_defaults_it_uses() -> None:
-    proc = _run("""
+    proc = _run(f"""
         import sys
-        sys.path.insert(0, "examples")
+        sys.path.insert(0, {str(ROOT / "examples")!r})
         import async_logging as ex
         args = ex.parse_args(["--device", "cpu"])
         print(args.steps, args.width, args.batch)
@@ -270,7 +275,7 @@ def _diagnostics(**env: str) -> subprocess.CompletedProcess[str]:
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_PIPELINE_")}
     child_env.update(env)
     return subprocess.run([sys.executable, "-m", "torch_pipeline"], capture_output=True,
-                          text=True, timeout=120, env=child_env, cwd=ROOT)
+                          text=True, timeout=120, env=child_env, cwd=CHILD_CWD)
 
 
 def _fields(stdout: str) -> Dict[str, str]:
