@@ -1,4 +1,4 @@
-#include "sim/race_checker.h"
+#include "core/race_checker.h"
 
 #include <gtest/gtest.h>
 
@@ -14,12 +14,12 @@
 #include <utility>
 #include <vector>
 
-using torch_pipeline::sim::Access;
-using torch_pipeline::sim::kHost;
-using torch_pipeline::sim::Race;
-using torch_pipeline::sim::RaceChecker;
-using torch_pipeline::sim::Timeline;
-using torch_pipeline::sim::VectorClock;
+using torch_pipeline::core::Access;
+using torch_pipeline::core::kHost;
+using torch_pipeline::core::Race;
+using torch_pipeline::core::RaceChecker;
+using torch_pipeline::core::Timeline;
+using torch_pipeline::core::VectorClock;
 
 namespace {
 

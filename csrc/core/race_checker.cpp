@@ -8,7 +8,7 @@
 #include <utility>
 
 namespace torch_pipeline {
-namespace sim {
+namespace core {
 
 namespace {
 
@@ -264,5 +264,5 @@ size_t RaceChecker::history_size() const {
   return history_count_;
 }
 
-}  // namespace sim
+}  // namespace core
 }  // namespace torch_pipeline
