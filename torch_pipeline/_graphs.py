@@ -29,7 +29,7 @@ from typing import Any, Callable, List, Optional, TypeVar
 
 import torch
 
-from . import _C, _storages
+from . import _C, _storages, _threads
 from ._once import once
 
 __all__: List[str] = []
@@ -200,9 +200,11 @@ def install_cuda_graph_hooks() -> None:
 
 
 def _install_first_pipeline_hooks() -> None:
-    """What the first Pipeline installs: the CUDA graph hooks and the storage resize hook."""
+    """What the first Pipeline installs: the CUDA graph hooks, the storage resize hook and the
+    thread start hook."""
     install_cuda_graph_hooks()
     _storages.install_storage_hooks()
+    _threads.install_thread_hook()
 
 
 _C._set_graph_hooks_installer(_install_first_pipeline_hooks)

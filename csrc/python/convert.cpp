@@ -1,4 +1,5 @@
 #include "convert.h"
+#include "threads.h"
 
 #include "../runtime/context.h"
 #include "../runtime/devices.h"
@@ -144,6 +145,7 @@ void set_graph_hooks_installer(py::object fn) {
 }
 
 void note_pipeline_created() {
+  observe_python_threads();
   if (g_graph_hooks_installed.load(std::memory_order_acquire) ||
       g_graph_hooks_installer == nullptr) {
     return;

@@ -4,6 +4,7 @@
 #include "convert.h"
 #include "gil.h"
 #include "tasks.h"
+#include "threads.h"
 
 #include "../runtime/comm.h"
 #include "../runtime/devices.h"
@@ -198,15 +199,55 @@ device); both need enable_timing=True.
     return out;
   });
   m.def(
-      "_set_record_function_enabled", [](bool enabled) { at::enableRecordFunction(enabled); },
+      "_set_record_function_enabled",
+      [](bool enabled) {
+        at::enableRecordFunction(enabled);
+        tracking::set_thread_hidden(!enabled);
+      },
       py::arg("enabled"),
-      "Test switch: False turns RecordFunction off on this thread, so the ops it runs are as "
-      "invisible to the tracker as kernels launched outside the dispatcher (Triton's). Not for "
-      "production code.");
-  m.def("_set_tracking_enabled", &tracking::set_enabled, py::arg("enabled"),
-        py::call_guard<ReleasedGil>(),
-        "Test switch: False stops automatic synchronization (tests use it to show the races it "
-        "removes). Not for production code.");
+      "Test switch: False turns RecordFunction off on this thread and hides its ops from the "
+      "dispatcher path, so the ops it runs are as invisible to the tracker as kernels launched "
+      "outside the dispatcher (Triton's). Not for production code.");
+  m.def(
+      "_set_tracking_enabled",
+      [](bool enabled) {
+        {
+          ReleasedGil no_gil;
+          tracking::set_enabled(enabled);
+        }
+        observe_python_threads();
+      },
+      py::arg("enabled"),
+      "Test switch: False stops automatic synchronization (tests use it to show the races it "
+      "removes). Not for production code.");
+  m.def("_observer_key_state", &tracking::observer_key_state,
+        "(included, excluded): whether this thread carries the dispatcher path's key (tests).");
+  m.def("_forget_this_thread", &tracking::forget_this_thread,
+        "Test switch: the calling thread drops the dispatcher path's key, as a thread the "
+        "runtime never knew.");
+  m.def("_set_unobserved_checks", &tracking::set_unobserved_checks, py::arg("sampling"),
+        py::arg("backend"),
+        "Test switch: the share of RecordFunction events the sampled check of threads without "
+        "the key sees (from the next go-live), and whether backends check their device ops.");
+  m.def("_observe_this_thread", &tracking::observe_this_thread,
+        "The calling thread is observed by the dispatcher path while tracking is live "
+        "(torch_pipeline/_threads.py calls it when a thread starts).");
+  m.def(
+      "_set_observer",
+      [](const std::string& name) {
+        TORCH_CHECK_VALUE(name == "dispatcher" || name == "record_function",
+                          "the observer must be 'dispatcher' or 'record_function', got '", name,
+                          "'");
+        tracking::set_observer(name == "dispatcher" ? tracking::Observer::kDispatcher
+                                                    : tracking::Observer::kRecordFunction);
+      },
+      py::arg("name"),
+      "Chooses how ops are observed from the next time tracking goes live (tests and "
+      "benchmarks; TORCH_PIPELINE_OBSERVER sets it for a process).");
+  m.def("_observer", [] {
+    return tracking::observer() == tracking::Observer::kDispatcher ? "dispatcher"
+                                                                   : "record_function";
+  });
   m.def("_tracking_enabled", &tracking::enabled);
   m.def(
       "_work_waited",
@@ -270,6 +311,8 @@ device); both need enable_timing=True.
         d["capture_kept"] = s.capture_kept;
         d["graph_replays"] = s.graph_replays;
         d["polls_paused"] = s.polls_paused;
+        d["unobserved"] = s.unobserved;
+        d["observer"] = s.observer;
         py::list gap_ops;
         for (const std::string& name : s.gap_ops) {
           gap_ops.append(py::str(name));

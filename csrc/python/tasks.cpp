@@ -1,4 +1,5 @@
 #include "tasks.h"
+#include "threads.h"
 
 #include "gil.h"
 
@@ -283,6 +284,7 @@ py::object submit(const PipelinePtr& p, py::object fn, py::tuple args, py::kwarg
     tensors.push_back(std::move(t));
   }
   auto hold = std::make_unique<tracking::TaskPins>(tensors, p->worker_id());
+  observe_python_threads();  // (the pins may have made tracking go live)
 
   auto task =
       std::make_unique<PyTask>(&worker, p, std::move(fn), std::move(args), std::move(kwargs),

@@ -2,6 +2,7 @@
 
 #include "devices.h"
 #include "runtime.h"
+#include "tracking.h"
 #include "warn.h"
 
 #include <ATen/record_function.h>
@@ -169,6 +170,7 @@ c10::Stream pipeline_stream(PipelineImpl& p, const c10::Device& device) {
 
 void enter_pipeline(const PipelinePtr& p) {
   TORCH_INTERNAL_ASSERT(p != nullptr);
+  tracking::observe_this_thread();  // (a worker thread, or one tracking went live without)
   Entry entry{p, tls.current, switch_streams(lane_streams(*p)), open_range(*p)};
   tls.stack.push_back(std::move(entry));
   tls.current = p;
@@ -198,6 +200,7 @@ void exit_pipeline(const PipelineImpl* p) {
 
 void set_pipeline(const PipelinePtr& p) {
   TORCH_INTERNAL_ASSERT(p != nullptr);
+  tracking::observe_this_thread();
   const DeviceStreams lane = lane_streams(*p);
   std::vector<c10::Stream> replaced = switch_streams(lane);
   auto& saved = restore_list();

@@ -31,15 +31,10 @@ bool for_each_tensor(const c10::IValue& v, F&& f) {
   if (v.isTensor()) {
     return visit(v.toTensor());
   }
-  if (v.isTensorList()) {
-    for (const at::Tensor& x : v.toTensorList()) {
-      if (visit(x)) return true;
-    }
-    return false;
-  }
-  if (v.isOptionalTensorList()) {
-    for (const std::optional<at::Tensor>& x : v.toOptionalTensorList()) {
-      if (x.has_value() && visit(*x)) return true;
+  if (v.isTensorList() || v.isOptionalTensorList()) {
+    // NB: the elements as IValues (no List copy, no Tensor copy: no reference-count traffic).
+    for (const c10::IValue& x : v.toListRef()) {
+      if (x.isTensor() && visit(x.toTensor())) return true;
     }
     return false;
   }

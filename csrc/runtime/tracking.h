@@ -33,6 +33,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace torch_pipeline {
@@ -46,6 +47,38 @@ void pipeline_destroyed();
 
 // Whether ops are observed now.
 bool live();
+
+// How ops are observed (docs/design.md, "What observing costs"). kDispatcher (the default): a
+// boxed dispatcher fallback on a thread-local mode key, paid once per observed op, by the threads
+// that carry the key: those that create or enter a pipeline, submit a task or call
+// observe_this_thread(), the worker threads, the autograd engine's threads (the key travels in
+// at::ThreadLocalState), and Python threads (the Python layer sweeps them when tracking goes
+// live). Device ops of other threads are noticed (backends call device_op_seen; a sampled
+// RecordFunction check elsewhere), warned about once, and those threads observed from then on.
+// kRecordFunction: a global RecordFunction callback, paid on every operator call (callees
+// included) of every thread. TORCH_PIPELINE_OBSERVER=dispatcher|record_function sets it (read at
+// the first go-live); set_observer (tests) changes it while idle.
+enum class Observer { kDispatcher, kRecordFunction };
+void set_observer(Observer observer);
+Observer observer();
+// The calling thread carries the dispatcher path's key while tracking is live (no-op otherwise).
+void observe_this_thread();
+// Whether the calling thread carries the dispatcher path's key: included, excluded (inside an
+// observed op, or hidden). For tests.
+std::pair<bool, bool> observer_key_state();
+// Test switches: the calling thread drops the key (as a thread the runtime never knew); the
+// sampled check's share of events (from the next go-live) and whether backends check.
+void forget_this_thread();
+void set_unobserved_checks(double sampling, bool backend);
+// Test switch: the calling thread's ops are hidden from the dispatcher path (its key excluded),
+// as kernels launched outside the dispatcher are.
+void set_thread_hidden(bool hidden);
+// Bumped each time tracking goes live on the dispatcher path (0 while it does not observe): the
+// Python layer sweeps its threads when it changes.
+uint64_t observed_generation();
+// A backend is about to run device op `op` on the calling thread: warns (once) if the dispatcher
+// path does not observe this thread, and observes it from then on. Cheap otherwise.
+void device_op_seen(const char* op);
 
 // Test switch: with enabled == false tracking never goes live (and stops if it is), so tests can
 // show the races it removes. On by default.
@@ -109,6 +142,8 @@ struct Stats {
   uint64_t graph_replays = 0;  // replays of captured graphs ordered like one op
   uint64_t polls_paused =
       0;  // keep-alive polls and host waits skipped while a capture was underway
+  uint64_t unobserved = 0;  // device ops of threads the dispatcher path did not observe (warned)
+  std::string observer;     // "dispatcher" or "record_function" (see Observer)
 };
 Stats stats();
 

@@ -8,6 +8,8 @@
 #include "executor.h"
 #include "host.h"
 
+#include "../runtime/tracking.h"
+
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -172,6 +174,9 @@ void throw_races(const std::vector<Race>& races) {
 }
 
 void record(Timeline t, const std::string& op, const std::vector<Access>& accesses) {
+  if (t != kHost) {
+    tracking::device_op_seen(op.c_str());  // (a thread the tracker does not observe is warned of)
+  }
   if (record_captured(t, op, accesses)) {
     return;  // captured: checked against its capture only
   }

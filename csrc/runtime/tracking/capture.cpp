@@ -85,7 +85,7 @@ at::Tensor tensor_of(c10::Storage storage) {
 }
 
 WorldPtr make_world(core::CaptureId id, const c10::Stream& origin) {
-  count(g_counters.captures);
+  count(&Counters::captures);
   return std::make_shared<CaptureWorld>(id, origin);
 }
 
@@ -244,9 +244,9 @@ void join_world_locked(CaptureWorld& w, StreamEntry& se) {
     c10::Event fork(o.stream.device_type());
     fork.record(o.stream);
     fork.block(se.stream);
-    count(g_counters.events);
-    count(g_counters.waits);
-    count(g_counters.capture_forks);
+    count(&Counters::events);
+    count(&Counters::waits);
+    count(&Counters::capture_forks);
     if (const uint64_t settled = o.log.settled(); settled != 0) {
       w.st.tracker->waited(se.id, Position{o.id, settled});
     }
@@ -258,7 +258,7 @@ void capture_use_locked(CaptureWorld& w, StreamEntry& se, const c10::Storage& st
   if (w.ledger.use(
           key_of(storage), se.id, write, [&] { return storage.getWeakStorageImpl(); },
           [&] { return tensor_of(storage); })) {
-    count(g_counters.capture_kept);
+    count(&Counters::capture_kept);
   }
 }
 
@@ -267,7 +267,7 @@ void capture_output_locked(CaptureWorld& w, const c10::Storage& storage, core::S
   if (w.ledger.born(
           key_of(storage), home, /*keep=*/storage.device().is_cpu(),
           [&] { return storage.getWeakStorageImpl(); }, [&] { return tensor_of(storage); })) {
-    count(g_counters.capture_kept);
+    count(&Counters::capture_kept);
   }
 }
 
@@ -389,9 +389,9 @@ size_t capture_join_back(const CaptureHandle* capture) {
     if (const uint64_t last = w.ledger.last(s); last != 0) {
       w.st.tracker->waited(origin, Position{s, last});
     }
-    count(g_counters.events);
-    count(g_counters.waits);
-    count(g_counters.capture_joins);
+    count(&Counters::events);
+    count(&Counters::waits);
+    count(&Counters::capture_joins);
   }
   return unjoined.size();
 }
@@ -501,7 +501,7 @@ GraphReplay::GraphReplay(const CapturedGraph& graph) {
   if (accesses.empty()) {
     return;
   }
-  count(g_counters.graph_replays);
+  count(&Counters::graph_replays);
   if (in_pipeline()) {
     for (const c10::Device& d : t.devices) enter_device(d);
     for (const at::Tensor& o : others_) {

@@ -14,8 +14,8 @@ namespace {
 constexpr size_t kAsyncWorksKept = 1024;
 
 // The Work among an op's outputs (directly or in a tuple), or nullptr.
-const void* returned_work(const at::RecordFunction& fn) {
-  for (const c10::IValue& v : fn.outputs()) {
+const void* returned_work(c10::ArrayRef<c10::IValue> outputs) {
+  for (const c10::IValue& v : outputs) {
     if (const void* work = torchbind_target(v)) {
       return work;
     }
@@ -31,8 +31,8 @@ const void* returned_work(const at::RecordFunction& fn) {
 }
 }  // namespace
 
-void note_async_collective(const at::RecordFunction& fn, std::vector<at::Tensor>& written) {
-  const void* work = returned_work(fn);
+void note_async_collective(c10::ArrayRef<c10::IValue> outputs, std::vector<at::Tensor>& written) {
+  const void* work = returned_work(outputs);
   if (work == nullptr || written.empty()) {
     return;
   }

@@ -6,7 +6,7 @@
 
 #include "state.h"
 
-#include <ATen/record_function.h>
+#include <ATen/core/ivalue.h>
 
 #include <vector>
 
@@ -16,7 +16,7 @@ namespace detail {
 
 // A c10d op ended: if it returned a Work, remember the device tensors it writes (`written`, taken
 // at its start: the tensors its accesses point at do not outlive the start callbacks).
-void note_async_collective(const at::RecordFunction& fn, std::vector<at::Tensor>& written);
+void note_async_collective(c10::ArrayRef<c10::IValue> outputs, std::vector<at::Tensor>& written);
 
 }  // namespace detail
 }  // namespace tracking

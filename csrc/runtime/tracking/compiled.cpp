@@ -18,7 +18,10 @@ std::atomic<bool> g_regions_wrapped{false};
 bool regions_wrapped() { return g_regions_wrapped.load(std::memory_order_relaxed); }
 }  // namespace detail
 
-void set_regions_wrapped(bool wrapped) { detail::g_regions_wrapped.store(wrapped); }
+void set_regions_wrapped(bool wrapped) {
+  detail::g_regions_wrapped.store(wrapped);
+  detail::regions_wrapped_changed();
+}
 
 CompiledRegion::CompiledRegion(const std::vector<at::Tensor>& args) {
   using namespace detail;
@@ -26,7 +29,7 @@ CompiledRegion::CompiledRegion(const std::vector<at::Tensor>& args) {
     return;
   }
   open_ = true;
-  count(g_counters.compiled_regions);
+  count(&Counters::compiled_regions);
   try {
     for (const at::Tensor& t : args) {
       if (has_data(t)) {

@@ -68,7 +68,7 @@ void host_access(const std::vector<Access>& cpu, std::vector<StorageId>& reads,
   if (!events.empty() && !permit) {
     // A graph capture is underway: no synchronization is allowed in the process, so the copy is
     // not waited for (nor known complete).
-    count(g_counters.polls_paused);
+    count(&Counters::polls_paused);
     warn_once("host wait during capture",
               "a CPU op touches memory that a non_blocking copy reads or writes while a graph "
               "capture is underway, when no device synchronization is allowed: it was not "
@@ -83,7 +83,7 @@ void host_access(const std::vector<Access>& cpu, std::vector<StorageId>& reads,
       explain_failed_query("a host wait for a non_blocking copy", error, period);
       return;  // (not waited for, nor known complete)
     }
-    count(g_counters.host_waits);
+    count(&Counters::host_waits);
   }
   std::lock_guard<std::mutex> lock(st.mutex);
   if (st.period != period) {

@@ -45,7 +45,7 @@ AllocatorSafety safety() {
 void record_stream(const c10::Stream& stream, const c10::Storage& storage) {
   c10::impl::getDeviceGuardImpl(stream.device_type())
       ->recordDataPtrOnStream(storage.data_ptr(), stream);
-  count(g_counters.record_streams);
+  count(&Counters::record_streams);
 }
 
 }  // namespace
@@ -84,7 +84,7 @@ void start_keep_alive_locked(LiveState& st, std::vector<PendingKeepAlive>& pendi
       if (l.id == k.id) {
         st.by_id.at(k.id)->kept.add(l.seq, std::move(k.storage));
         ++st.kept_alive;
-        count(g_counters.keep_alives);
+        count(&Counters::keep_alives);
         break;
       }
     }
@@ -117,7 +117,7 @@ void poll_locked(LiveState& st, std::vector<c10::Storage>& released) {
   // (never blocks: the state's lock is held)
   const core::QueryGate::Permit permit = query_gate().try_permit();
   if (!permit) {
-    count(g_counters.polls_paused);  // a graph capture is underway: no event may be queried
+    count(&Counters::polls_paused);  // a graph capture is underway: no event may be queried
     return;
   }
   const size_t before = released.size();
@@ -148,7 +148,7 @@ void poll_locked(LiveState& st, std::vector<c10::Storage>& released) {
       }
       auto ev = std::make_shared<c10::Event>(e.stream.device_type());
       ev->record(e.stream);
-      count(g_counters.events);
+      count(&Counters::events);
       // (newer than the newest kept, which is older than `front`: it becomes the newest)
       const bool kept = e.log.keep(covers, std::move(ev));
       TORCH_INTERNAL_ASSERT(kept && e.log.newest()->first == covers);
@@ -181,7 +181,7 @@ void poll_locked(LiveState& st, std::vector<c10::Storage>& released) {
     }
     st.kept_alive -= e.kept.take_done(released);
   }
-  count(g_counters.released, released.size() - before);
+  count(&Counters::released, released.size() - before);
 }
 
 void release_ordered_locked(LiveState& st, const StreamEntry& waiter,
@@ -205,7 +205,7 @@ void release_ordered_locked(LiveState& st, const StreamEntry& waiter,
         },
         released);
   }
-  count(g_counters.released, released.size() - before);
+  count(&Counters::released, released.size() - before);
 }
 
 void hand_to_allocator_locked(LiveState& st, std::vector<c10::Storage>& released) {

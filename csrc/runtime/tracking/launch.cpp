@@ -167,8 +167,8 @@ void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool asy
       ev->block(stream);
     }
     wait_events.clear();
-    count(g_counters.launches);
-    count(g_counters.waits, launch.waits.size());
+    count(&Counters::launches);
+    count(&Counters::waits, launch.waits.size());
     if (world) {
       world->ledger.launched(se.id, launch.position.seq);
     } else if (!launch.waits.empty()) {
@@ -274,7 +274,7 @@ void finish(ThreadRun& run, std::vector<Launched>& launched, uint64_t period,
           if (world) {
             world->ledger.launched(se.id, launch.position.seq);
           }
-          count(g_counters.launches);
+          count(&Counters::launches);
           launched.push_back(Launched{stream, se.id, launch.position.seq});
         }
       }

@@ -27,30 +27,54 @@ namespace detail {
 
 namespace {
 
-// The callback installed by this process (only the switching thread touches these).
+// The callback installed by this process (only the switching thread touches these): the
+// RecordFunction path's observer, or the dispatcher path's sampled check of other threads.
 std::optional<at::CallbackHandle> g_callback;
+bool g_callback_is_check = false;
 // In a forked child: the parent's callback, still registered (the same functions). Removing it
 // in the fork handler could block on a lock a parent's thread held; the child's next go_live
-// adopts it instead of adding another (until then on_start ignores it: g_observing is false).
+// adopts it instead of adding another (until then it does nothing: g_observing and
+// g_dispatch_observing are false).
 std::optional<at::CallbackHandle> g_parent_callback;
+bool g_parent_callback_is_check = false;
+// The dispatcher path's check of Dynamo's ranges, while AOTAutograd's calls are not wrapped
+// (removed when tracking goes idle; a forked child's copy is left, it only reports).
+std::optional<at::CallbackHandle> g_range_check;
 std::atomic<uint64_t> g_fork_generation{0};
 // Held around adding and removing the callback, and by fork() from its prepare handler to its
 // parent/child handlers: a fork never copies torch's callback registry lock held by our switch
 // (every op of the child would block on it).
 std::mutex g_registering;
 
+// The callback of the observation path chosen (Note [Two ways to observe ops]).
+void install_callback(bool dispatcher) {
+  std::lock_guard<std::mutex> registering(g_registering);
+  if (g_parent_callback.has_value() && g_parent_callback_is_check == dispatcher) {
+    g_callback = g_parent_callback;  // (a forked child: the parent's is still registered)
+  } else {
+    if (g_parent_callback.has_value()) {
+      at::removeCallback(*g_parent_callback);
+    }
+    g_callback = dispatcher ? add_sampled_check() : add_observer();
+  }
+  g_parent_callback.reset();
+  g_callback_is_check = dispatcher;
+  if (dispatcher && !regions_wrapped() && !g_range_check.has_value()) {
+    g_range_check = add_dynamo_range_check();
+  }
+}
+
 void go_live() {
   (void)keeping_alive();  // reads TORCH_PIPELINE_ALLOCATOR_SAFETY: a bad value raises here
-  // The callback first: ops from now on are observed; those queued before the baseline below is
+  // The observer first: ops from now on are observed; those queued before the baseline below is
   // recorded (on the streams current now and the default streams) are ordered by it.
-  if (g_parent_callback.has_value()) {
-    g_callback = g_parent_callback;  // (a forked child: the parent's is still registered)
-    g_parent_callback.reset();
+  const bool dispatcher = observer() == Observer::kDispatcher && register_dispatch_observer();
+  install_callback(dispatcher);
+  if (dispatcher) {
+    dispatch_observing_started();
   } else {
-    std::lock_guard<std::mutex> registering(g_registering);
-    g_callback = add_observer();
+    g_observing.store(true, std::memory_order_release);
   }
-  g_observing.store(true, std::memory_order_release);
   LiveState& st = state();
   {
     std::lock_guard<std::mutex> lock(st.mutex);
@@ -93,12 +117,19 @@ bool go_idle() {
       break;
     }
   }
-  if (g_callback.has_value()) {
+  if (g_callback.has_value() || g_range_check.has_value()) {
     std::lock_guard<std::mutex> registering(g_registering);
-    at::removeCallback(*g_callback);
-    g_callback.reset();
+    if (g_callback.has_value()) {
+      at::removeCallback(*g_callback);
+      g_callback.reset();
+    }
+    if (g_range_check.has_value()) {
+      at::removeCallback(*g_range_check);
+      g_range_check.reset();
+    }
   }
   g_observing.store(false, std::memory_order_release);
+  g_dispatch_observing.store(false, std::memory_order_release);
   {
     // Again, for what other threads launched while the callback was still installed.
     std::lock_guard<std::mutex> lock(st.mutex);
@@ -140,13 +171,17 @@ void after_fork_in_child() {
   g_fork_generation.fetch_add(1);
   g_live.store(false);
   g_observing.store(false);
+  g_dispatch_observing.store(false);
   g_pipelines.store(0);
   g_pins.store(0);
   g_host_watch.store(0);
   if (g_callback.has_value()) {
     g_parent_callback = g_callback;
+    g_parent_callback_is_check = g_callback_is_check;
     g_callback.reset();
   }
+  g_range_check.reset();
+  reset_counters_after_fork();
   replace_state_after_fork();
   reset_captures_after_fork();
   reset_pins_after_fork();
@@ -159,6 +194,16 @@ struct ForkHandler {
 } fork_handler;
 
 }  // namespace
+
+void regions_wrapped_changed() {
+  if (regions_wrapped() || !g_dispatch_observing.load()) {
+    return;  // (a check installed stays until tracking goes idle)
+  }
+  std::lock_guard<std::mutex> registering(g_registering);
+  if (!g_range_check.has_value() && g_dispatch_observing.load()) {
+    g_range_check = add_dynamo_range_check();
+  }
+}
 
 void update_live(bool settle) {
   live_switch().update(settle, [](const core::LiveSwitch::Step& step) { blocking_wait(step); });
@@ -178,6 +223,7 @@ void pipeline_created() {
       throw;
     }
   }
+  observe_this_thread();
 }
 
 void pipeline_destroyed() {
@@ -192,6 +238,7 @@ bool live() { return detail::g_live.load(std::memory_order_acquire); }
 void set_enabled(bool enabled) {
   detail::g_enabled.store(enabled);
   detail::update_live(/*settle=*/true);
+  observe_this_thread();
 }
 
 bool enabled() { return detail::g_enabled.load(); }

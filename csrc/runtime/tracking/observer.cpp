@@ -33,21 +33,6 @@ constexpr int kInRegion = -1;
 // The one op observed inside a compiled region (see on_start).
 constexpr const char kResizeStorageBytes[] = "inductor::resize_storage_bytes_";
 
-// The name of Dynamo's range around a call of compiled code ("Torch-Compiled Region: 0/0").
-constexpr char kDynamoRange[] = "Torch-Compiled Region";
-
-void report_compiled_gap(const char* name) {
-  warn_once("compiled region not tracked",
-            std::string("automatic synchronization could not see the kernels of a compiled region "
-                        "(") +
-                name +
-                "): neither its AOTAutograd call nor any operator in it was "
-                "tracked, so it may race with other pipelines. torch_pipeline wraps AOTAutograd's "
-                "compiled calls (the default inductor backend and aot_* backends); for another "
-                "backend, declare the region's tensors with `with tp.track(read=..., write=...)` "
-                "around the call. Warned once.");
-}
-
 // Per-thread state of the op being observed (only the outermost one of a thread).
 struct Tls {
   int level = 0;   // RecordFunction nesting on this thread
@@ -87,15 +72,6 @@ struct Tls {
   std::vector<Unclaimed> unclaimed;
   uint64_t observed = 0;  // ops this thread looked at (not transparent), nested ones included
   uint64_t regions = 0;   // compiled regions this thread opened (CompiledRegion)
-  // Dynamo's "Torch-Compiled Region" ranges open on this thread, innermost last: their level and
-  // `regions` and `observed` when they started (a range in which neither moved ran kernels the
-  // tracker could not see).
-  struct Dynamo {
-    int level;
-    uint64_t regions;
-    uint64_t observed;
-  };
-  std::vector<Dynamo> dynamo;
 };
 thread_local Tls tls;
 
@@ -211,7 +187,7 @@ void device_arguments(const c10::ArrayRef<c10::IValue>& inputs, std::vector<c10:
   }
 }
 
-void begin_op(const at::RecordFunction& fn, const OpFacts& facts, bool on_device, Tls& t) {
+void begin_op(const OpFacts& facts, c10::ArrayRef<c10::IValue> inputs, bool on_device, Tls& t) {
   t.launched.clear();
   t.inputs.clear();
   t.accesses.clear();
@@ -225,7 +201,6 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, bool on_device
   t.period = 0;
   t.c10d = facts.name.compare(0, 6, "c10d::") == 0;
   t.facts = &facts;
-  const auto inputs = fn.inputs();
   // The common case of CPU code: nothing on a device, no watched host memory, no pinned tensors.
   t.host_only = !on_device && !watching_host() && g_pins.load(std::memory_order_acquire) == 0;
   if (t.host_only) {
@@ -311,10 +286,9 @@ void begin_op(const at::RecordFunction& fn, const OpFacts& facts, bool on_device
   }
 }
 
-void end_op(const at::RecordFunction& fn, Tls& t) {
+void end_op(c10::ArrayRef<c10::IValue> outputs, Tls& t) {
   auto& fresh = t.fresh;
   fresh.clear();
-  const auto outputs = fn.outputs();
   for (size_t i = 0; i < outputs.size(); ++i) {
     // An argument coming back (in-place and out= ops, set_) is fresh only with the storage it
     // went in with, which had no memory then (an out= tensor of size 0 the op resized): with
@@ -337,7 +311,7 @@ void end_op(const at::RecordFunction& fn, Tls& t) {
     });
   }
   if (t.c10d) {
-    note_async_collective(fn, t.c10d_written);
+    note_async_collective(outputs, t.c10d_written);
   }
   for (const auto& [tensor, data] : t.moving) {
     const void* now = tensor.storage().data();
@@ -361,7 +335,37 @@ void end_op(const at::RecordFunction& fn, Tls& t) {
          t.moved.empty() ? nullptr : &t.moved);
 }
 
-std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+}  // namespace
+
+bool host_only_op(c10::ArrayRef<c10::IValue> inputs) {
+  if (watching_host() || g_pins.load(std::memory_order_acquire) != 0) {
+    return false;
+  }
+  // A CPU tensor that may stand for others (a wrapper subclass, a torch.func wrapper, sparse,
+  // nested): the full scan (op_start) decides. Read from the key set: no call per tensor.
+  static constexpr c10::DispatchKeySet kMayStandIn =
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::FuncTorchBatched,
+                           c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::Functionalize,
+                           c10::DispatchKey::Sparse, c10::DispatchKey::SparseCsr,
+                           c10::DispatchKey::NestedTensor});
+  const bool found = std::any_of(inputs.begin(), inputs.end(), [](const c10::IValue& v) {
+    if (v.isDevice()) {
+      return !v.toDevice().is_cpu();
+    }
+    return for_each_tensor(v, [](const at::Tensor& x) {
+      const c10::TensorImpl* impl = x.unsafeGetTensorImpl();
+      return impl->device_type() != c10::kCPU || !(impl->key_set() & kMayStandIn).empty();
+    });
+  });
+  if (found) {
+    return false;
+  }
+  ++tls.observed;
+  count(&Counters::ops);
+  return true;
+}
+
+Taken op_start(const OpFacts& facts, c10::ArrayRef<c10::IValue> inputs) {
   Tls& t = tls;
   ++t.level;
   bool in_region = false;
@@ -369,48 +373,36 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     // Inside a compiled region its ops are the region's, but for a storage resize (Dynamo's
     // UntypedStorage.resize_, compiled FSDP2): its old block is freed, or a new one allocated,
     // at once, which the region's launch cannot order. It is observed as an op of its own.
-    if (std::strcmp(fn.name(), kResizeStorageBytes) != 0) {
-      return nullptr;
+    if (facts.name != kResizeStorageBytes) {
+      return Taken::kInside;
     }
     in_region = true;
   } else if (t.active != 0) {
-    return nullptr;  // inside an observed op: its device work is on the same streams
+    return Taken::kInside;  // inside an observed op: its device work is on the same streams
   }
-  if (!g_observing.load(std::memory_order_relaxed)) {
-    return nullptr;  // a forked child's copy of the parent's callback, or being removed
-  }
-  const OpFacts& facts = op_facts(fn);
-  const auto inputs = fn.inputs();
   // The outermost op *that touches real storage* is the one tracked: an op on tensors without
   // storage (torch.func transforms, wrapper subclasses) is left to the ops it calls, which are
-  // observed in its place. One that calls none on a device is a gap (on_end).
+  // observed in its place. One that calls none on a device is a gap (op_end).
   // (RecordFunctions without a schema, e.g. autograd's "detach", are not dispatcher ops: what
   // they do runs in the ops they call, if any, which are observed.)
   if (facts.transparent) {
-    if (in_region) {
-      return nullptr;
-    }
-    if (!fn.operator_name().has_value() &&
-        std::strncmp(fn.name(), kDynamoRange, sizeof(kDynamoRange) - 1) == 0) {
-      t.dynamo.push_back(Tls::Dynamo{t.level, t.regions, t.observed});
-    }
-    return nullptr;
+    return in_region ? Taken::kInside : Taken::kTransparent;
   }
   ++t.observed;
   const InputScan scan = scan_inputs(inputs);
   if (scan.opaque != 0) {
     if (in_region) {
-      return nullptr;  // (the region's own: it is no gap)
+      return Taken::kInside;  // (the region's own: it is no gap)
     }
     t.unclaimed.push_back(Tls::Unclaimed{t.level, &facts, scan.opaque == 2, t.observed});
-    count(g_counters.unclaimed);
-    return nullptr;
+    count(&Counters::unclaimed);
+    return Taken::kUnclaimed;
   }
   t.active = t.level;
   t.in_region = in_region;
-  count(g_counters.ops);
+  count(&Counters::ops);
   try {
-    begin_op(fn, facts, scan.on_device, t);
+    begin_op(facts, inputs, scan.on_device, t);
   } catch (const std::exception& e) {
     if (!t.launched.empty()) {
       settle(t.launched, t.period);
@@ -419,23 +411,23 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     t.host_only = true;
     failed("before", facts.full_name, e);
   }
-  return nullptr;
+  return Taken::kClaimed;
 }
 
-void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+void op_end(Taken taken, c10::ArrayRef<c10::IValue> outputs) {
   Tls& t = tls;
   if (t.level == 0) {
-    return;  // the callback was installed while this op ran (or a fork reset this thread)
+    return;  // the observer was installed while this op ran (or a fork reset this thread)
   }
-  if (t.active == t.level) {
+  if (taken == Taken::kClaimed && t.active == t.level) {
     t.active = t.in_region ? kInRegion : 0;
     t.in_region = false;
     try {
       if (!t.host_only) {
-        end_op(fn, t);
+        end_op(outputs, t);
       }
     } catch (const std::exception& e) {
-      failed("after", fn.name(), e);
+      failed("after", t.facts->full_name, e);
     }
     t.launched.clear();
     t.list_items.clear();
@@ -447,15 +439,8 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     if (!run.keep_alive.empty()) {
       record_instead(run.keep_alive);  // (begin_op failed after choosing to keep alive)
     }
-  } else if (!t.dynamo.empty() && t.dynamo.back().level == t.level) {
-    const Tls::Dynamo d = t.dynamo.back();
-    t.dynamo.pop_back();
-    if (d.regions == t.regions && d.observed == t.observed && !regions_wrapped()) {
-      // Nothing in it was tracked: its kernels ran where the tracker could not see them.
-      count(g_counters.compiled_unwrapped);
-      report_compiled_gap(fn.name());
-    }
-  } else if (!t.unclaimed.empty() && t.unclaimed.back().level == t.level) {
+  } else if (taken == Taken::kUnclaimed && !t.unclaimed.empty() &&
+             t.unclaimed.back().level == t.level) {
     const Tls::Unclaimed u = t.unclaimed.back();
     t.unclaimed.pop_back();
     if (u.on_device && t.observed == u.observed) {  // it called no op the tracker could look at
@@ -467,13 +452,23 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   --t.level;
 }
 
-}  // namespace
+bool inside_observed_op() { return tls.active != 0; }
 
-at::CallbackHandle add_observer() {
-  return at::addGlobalCallback(at::RecordFunctionCallback(&on_start, &on_end)
-                                   .needsInputs(true)
-                                   .needsOutputs(true)
-                                   .scopes({at::RecordScope::FUNCTION}));
+int observer_level() { return tls.level; }
+
+std::pair<uint64_t, uint64_t> observer_progress() { return {tls.regions, tls.observed}; }
+
+void report_compiled_gap(const char* name) {
+  count(&Counters::compiled_unwrapped);
+  warn_once("compiled region not tracked",
+            std::string("automatic synchronization could not see the kernels of a compiled region "
+                        "(") +
+                name +
+                "): neither its AOTAutograd call nor any operator in it was "
+                "tracked, so it may race with other pipelines. torch_pipeline wraps AOTAutograd's "
+                "compiled calls (the default inductor backend and aot_* backends); for another "
+                "backend, declare the region's tensors with `with tp.track(read=..., write=...)` "
+                "around the call. Warned once.");
 }
 
 bool begin_region() {
@@ -495,7 +490,7 @@ void reset_observer_thread_after_fork() {
   tls.active = 0;
   tls.in_region = false;
   tls.unclaimed.clear();
-  tls.dynamo.clear();
+  reset_dynamo_ranges_after_fork();
   thread_run().last = Position{};
   thread_run().keep_alive.clear();
 }

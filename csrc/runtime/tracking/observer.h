@@ -1,18 +1,76 @@
-// Internal to the tracker. The observer room: the RecordFunction callbacks (on_start / on_end)
-// and their per-thread state. It finds the outermost op of a thread that touches real storage,
-// collects its accesses (arguments, with the write flags of its schema) and fresh outputs, and
-// hands them to the pins, host-watch, launch and collectives rooms. Touches only its thread-local
-// state and the ops counter itself.
+// Internal to the tracker. The observer room: what the tracker does with an op it sees, whichever
+// path saw it (Note [Two ways to observe ops]): the outermost op of a thread that touches real
+// storage, its accesses (arguments, with the write flags of its schema) and fresh outputs, handed
+// to the pins, host-watch, launch and collectives rooms; ops on tensors without storage left to
+// the ops they call (unclaimed), and gaps. Touches only its thread-local state and its counters.
+//
+// Note [Two ways to observe ops]: the dispatcher path (observe_dispatch.cpp, the default) is a
+// boxed fallback on a thread-local mode key, paid once per observed op: the key is excluded
+// while an observed op runs, so the ops it calls never reach the fallback. The RecordFunction
+// path (observe_record_function.cpp) is a global callback that every thread pays on every
+// RecordFunction event, callees included. TORCH_PIPELINE_OBSERVER=dispatcher|record_function
+// chooses (docs/design.md, "What observing costs").
 #pragma once
 
+#include "../op_facts.h"
+
+#include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
+#include <c10/util/ArrayRef.h>
+
+#include <cstdint>
+#include <utility>
 
 namespace torch_pipeline {
 namespace tracking {
 namespace detail {
 
-// Installs the callbacks (the caller keeps the handle, to remove it).
+// What op_start made of an op (op_end takes it back).
+enum class Taken : uint8_t {
+  kInside,       // inside an observed op or a compiled region: not looked at
+  kTransparent,  // a view or metadata query (or no dispatcher op): looked through to its callees
+  kUnclaimed,    // tensors without storage: left to the ops it calls (op_end reports a gap)
+  kClaimed,      // observed: launched before it runs, finished by op_end; callees not looked at
+};
+
+// Before an op runs, with its boxed arguments (valid until op_start returns; what it keeps it
+// copies), and after it (its returns; none when it failed). Every op_start is answered by one
+// op_end on the same thread, innermost first; ops nest per thread.
+Taken op_start(const OpFacts& facts, c10::ArrayRef<c10::IValue> inputs);
+void op_end(Taken taken, c10::ArrayRef<c10::IValue> outputs);
+
+// The common case of CPU code, decided before any lookup: nothing on a device (no device
+// tensor or device argument), no tensor without storage, no watched host memory, no pins. Such
+// an op needs nothing from the tracker, nor do the ops it calls (counted as an observed op).
+bool host_only_op(c10::ArrayRef<c10::IValue> inputs);
+
+// Whether this thread is inside an observed op or a compiled region now.
+bool inside_observed_op();
+// This thread's nesting of op_start calls, and (compiled regions opened, ops looked at) so far:
+// a Dynamo range in which neither moved ran kernels the tracker could not see.
+int observer_level();
+std::pair<uint64_t, uint64_t> observer_progress();
+// Counts and warns once: a compiled region ran whose kernels the tracker did not see.
+void report_compiled_gap(const char* name);
+
+// The dispatcher path: registers its fallback (once; false, after a warning, when the key is
+// taken), installs the sampled check of threads without the key (the caller keeps the handle),
+// and starts observing (a new generation for the Python layer's sweep of its threads).
+bool register_dispatch_observer();
+at::CallbackHandle add_sampled_check();
+void dispatch_observing_started();
+
+// The dispatcher path's check of Dynamo's "Torch-Compiled Region" ranges, installed while
+// AOTAutograd's compiled calls are not wrapped (regions_wrapped): a range in which nothing was
+// tracked is reported (report_compiled_gap). Paid per RecordFunction event, so only then.
+at::CallbackHandle add_dynamo_range_check();
+// Called when regions_wrapped() changes (life.cpp installs the check above if it is due now).
+void regions_wrapped_changed();
+
+// The RecordFunction path: installs its callbacks (the caller keeps the handle, to remove it).
 at::CallbackHandle add_observer();
+// The RecordFunction path's per-thread Dynamo ranges start over (in a forked child).
+void reset_dynamo_ranges_after_fork();
 // In a forked child (on the forking thread): its per-thread state starts over.
 void reset_observer_thread_after_fork();
 

@@ -88,7 +88,7 @@ void wait_for_pins(const std::vector<Access>& accesses) {
     }
   }
   for (const PinPtr& p : wait) {
-    count(g_counters.pin_waits);
+    count(&Counters::pin_waits);
     blocking_wait([&p](std::chrono::milliseconds timeout) {
       std::unique_lock<std::mutex> lock(p->mutex);
       return p->cv.wait_for(lock, timeout, [&] { return p->released; });
@@ -119,6 +119,7 @@ TaskPins::TaskPins(const std::vector<at::Tensor>& tensors, int worker_id)
   state_ = std::make_shared<State>(worker_id, fork_generation());
   g_pins.fetch_add(1);
   update_live(/*settle=*/true);
+  observe_this_thread();  // (the submitter's writes must see the pins)
   LiveState& st = state();
   std::lock_guard<std::mutex> lock(st.mutex);
   for (const at::Tensor* t : pinned) {

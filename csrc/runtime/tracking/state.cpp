@@ -16,11 +16,60 @@ namespace detail {
 
 std::atomic<bool> g_live{false};
 std::atomic<bool> g_observing{false};
+std::atomic<bool> g_dispatch_observing{false};
 std::atomic<bool> g_enabled{true};
 std::atomic<int64_t> g_pipelines{0};
 std::atomic<int64_t> g_pins{0};
 std::atomic<int64_t> g_host_watch{0};
-Counters g_counters;
+namespace {
+std::mutex* g_counters_mutex = new std::mutex();   // (leaked: threads count until exit)
+std::vector<Counters*>* g_thread_counters = new std::vector<Counters*>();
+Counters* g_exited_counters = new Counters();  // what exited threads counted
+
+constexpr Counter kAllCounters[] = {
+    &Counters::ops, &Counters::launches, &Counters::waits, &Counters::events,
+    &Counters::host_waits, &Counters::record_streams, &Counters::pin_waits,
+    &Counters::keep_alives, &Counters::released, &Counters::unclaimed, &Counters::gaps,
+    &Counters::compiled_regions, &Counters::compiled_unwrapped, &Counters::captures,
+    &Counters::capture_forks, &Counters::capture_joins, &Counters::capture_kept,
+    &Counters::graph_replays, &Counters::polls_paused, &Counters::unobserved};
+
+struct ThreadCounters {
+  Counters* block = new Counters();
+  ThreadCounters() {
+    std::lock_guard<std::mutex> lock(*g_counters_mutex);
+    g_thread_counters->push_back(block);
+  }
+  ~ThreadCounters() {
+    std::lock_guard<std::mutex> lock(*g_counters_mutex);
+    for (const Counter c : kAllCounters) {
+      (g_exited_counters->*c).fetch_add((block->*c).load(std::memory_order_relaxed));
+    }
+    auto& v = *g_thread_counters;
+    v.erase(std::remove(v.begin(), v.end(), block), v.end());
+    delete block;
+  }
+};
+}  // namespace
+
+Counters& thread_counters() {
+  thread_local ThreadCounters mine;
+  return *mine.block;
+}
+
+uint64_t total(Counter counter) {
+  std::lock_guard<std::mutex> lock(*g_counters_mutex);
+  uint64_t sum = (g_exited_counters->*counter).load();
+  for (const Counters* c : *g_thread_counters) {
+    sum += (c->*counter).load(std::memory_order_relaxed);
+  }
+  return sum;
+}
+
+void reset_counters_after_fork() {
+  g_counters_mutex = new std::mutex();  // (the parent's may have been held by another thread)
+}
+
 
 namespace {
 std::atomic<StreamId> g_next_host{-1};
@@ -71,7 +120,7 @@ std::vector<std::string>& gap_names() {  // one per operator name: bounded by th
 }  // namespace
 
 void report_gap(const std::string& op, const std::string& why) {
-  count(g_counters.gaps);
+  count(&Counters::gaps);
   {
     std::lock_guard<std::mutex> lock(gap_mutex());
     auto& names = gap_names();
@@ -103,25 +152,27 @@ Stats stats() {
   using namespace detail;
   Stats s;
   s.live = live();
-  s.ops = g_counters.ops.load();
-  s.launches = g_counters.launches.load();
-  s.waits = g_counters.waits.load();
-  s.events = g_counters.events.load();
-  s.host_waits = g_counters.host_waits.load();
-  s.record_streams = g_counters.record_streams.load();
-  s.pin_waits = g_counters.pin_waits.load();
-  s.keep_alives = g_counters.keep_alives.load();
-  s.released = g_counters.released.load();
-  s.unclaimed = g_counters.unclaimed.load();
-  s.gaps = g_counters.gaps.load();
-  s.compiled_regions = g_counters.compiled_regions.load();
-  s.compiled_unwrapped = g_counters.compiled_unwrapped.load();
-  s.captures = g_counters.captures.load();
-  s.capture_forks = g_counters.capture_forks.load();
-  s.capture_joins = g_counters.capture_joins.load();
-  s.capture_kept = g_counters.capture_kept.load();
-  s.graph_replays = g_counters.graph_replays.load();
-  s.polls_paused = g_counters.polls_paused.load();
+  s.ops = total(&Counters::ops);
+  s.launches = total(&Counters::launches);
+  s.waits = total(&Counters::waits);
+  s.events = total(&Counters::events);
+  s.host_waits = total(&Counters::host_waits);
+  s.record_streams = total(&Counters::record_streams);
+  s.pin_waits = total(&Counters::pin_waits);
+  s.keep_alives = total(&Counters::keep_alives);
+  s.released = total(&Counters::released);
+  s.unclaimed = total(&Counters::unclaimed);
+  s.gaps = total(&Counters::gaps);
+  s.compiled_regions = total(&Counters::compiled_regions);
+  s.compiled_unwrapped = total(&Counters::compiled_unwrapped);
+  s.captures = total(&Counters::captures);
+  s.capture_forks = total(&Counters::capture_forks);
+  s.capture_joins = total(&Counters::capture_joins);
+  s.capture_kept = total(&Counters::capture_kept);
+  s.graph_replays = total(&Counters::graph_replays);
+  s.polls_paused = total(&Counters::polls_paused);
+  s.unobserved = total(&Counters::unobserved);
+  s.observer = observer() == Observer::kDispatcher ? "dispatcher" : "record_function";
   s.captures_underway = captures_underway();
   s.queries_paused = query_gate().paused();
   s.gap_ops = gap_ops();

@@ -49,8 +49,9 @@ using PinPtr = std::shared_ptr<TaskPins::State>;
 // ---- process-wide switches and counters (lock-free reads on the op path) ----------------------
 extern std::atomic<bool> g_live;       // ops are tracked (set after going live, cleared first
                                        // when going idle)
-extern std::atomic<bool> g_observing;  // the callback installed is this process's (not a
-                                       // forked child's copy of the parent's)
+extern std::atomic<bool> g_observing;  // the RecordFunction path's callback installed is this
+                                       // process's (not a forked child's copy of the parent's)
+extern std::atomic<bool> g_dispatch_observing;  // the dispatcher path observes keyed threads
 extern std::atomic<bool> g_enabled;
 extern std::atomic<int64_t> g_pipelines;   // non-default pipelines alive
 extern std::atomic<int64_t> g_pins;        // TaskPins with tensors, not released
@@ -60,12 +61,20 @@ struct Counters {
   std::atomic<uint64_t> ops{0}, launches{0}, waits{0}, events{0}, host_waits{0}, record_streams{0},
       pin_waits{0}, keep_alives{0}, released{0}, unclaimed{0}, gaps{0}, compiled_regions{0},
       compiled_unwrapped{0}, captures{0}, capture_forks{0}, capture_joins{0}, capture_kept{0},
-      graph_replays{0}, polls_paused{0};
+      graph_replays{0}, polls_paused{0}, unobserved{0};
 };
-extern Counters g_counters;
-inline void count(std::atomic<uint64_t>& c, uint64_t n = 1) {
-  c.fetch_add(n, std::memory_order_relaxed);
+using Counter = std::atomic<uint64_t> Counters::*;
+// Note [Per-thread counters]: each thread counts in a block of its own (no cache line that
+// every op of every thread writes); stats() sums the blocks of live threads and what exited
+// threads left.
+Counters& thread_counters();
+inline void count(Counter counter, uint64_t n = 1) {
+  std::atomic<uint64_t>& c = thread_counters().*counter;
+  c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);  // (one writer)
 }
+uint64_t total(Counter counter);
+// In a forked child: the blocks of the parent's other threads stay counted; the lock is new.
+void reset_counters_after_fork();
 
 // A gap (docs/design.md §4, "no silent gaps"): an op on a device whose accesses the tracker
 // cannot account for. Counted, its name kept, and warned about once per operator name.

@@ -31,7 +31,7 @@ StreamEntry& acquire_stream_locked(LiveState& st, const c10::Stream& s) {
   for (const auto& [from, event] : st.baseline) {
     if (from.device() == s.device() && from != s) {
       event.block(s);
-      count(g_counters.waits);
+      count(&Counters::waits);
     }
   }
   StreamEntry& out = *entry;
@@ -71,7 +71,7 @@ Reach event_at_locked(LiveState& st, const Position& p) {
   // either, since a position launched there by another thread may still be mid-launch.
   auto ev = std::make_shared<c10::Event>(e.stream.device_type());
   ev->record(e.stream);
-  count(g_counters.events);
+  count(&Counters::events);
   return Reach{std::move(ev), std::min(p.seq, e.log.settled())};
 }
 
@@ -93,7 +93,7 @@ void record_locked(LiveState& st, StreamId id, uint64_t seq) {
   }
   ev->record(e.stream);
   e.log.keep(label, std::move(ev));
-  count(g_counters.events);
+  count(&Counters::events);
 }
 
 void record_baseline_locked(LiveState& st) {
