@@ -40,6 +40,11 @@ def tracking_stats() -> Dict[str, Any]:
       their first op there, and joined back at its end because nothing had waited for them
     * ``capture_kept`` -- storages kept alive for the lifetime of a captured graph;
       ``graph_replays`` -- replays ordered like one op on the replaying stream
+    * ``observer`` -- how ops are observed: ``"dispatcher"`` (the default: a dispatcher fallback
+      on a thread-local key, paid once per observed op) or ``"record_function"`` (a global
+      RecordFunction callback; ``TORCH_PIPELINE_OBSERVER`` chooses); ``unobserved`` -- device
+      ops of threads the dispatcher path did not observe (a thread started in C++), noticed,
+      warned about once, and observed from then on
 
     Example::
 

@@ -141,7 +141,7 @@ struct Stats {
   uint64_t capture_kept = 0;   // storages kept alive for the lifetime of captured graphs
   uint64_t graph_replays = 0;  // replays of captured graphs ordered like one op
   uint64_t polls_paused =
-      0;  // keep-alive polls and host waits skipped while a capture was underway
+      0;                    // keep-alive polls and host waits skipped while a capture was underway
   uint64_t unobserved = 0;  // device ops of threads the dispatcher path did not observe (warned)
   std::string observer;     // "dispatcher" or "record_function" (see Observer)
 };

@@ -44,7 +44,8 @@ namespace {
 
 constexpr c10::DispatchKey kObserverKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
 constexpr c10::DispatchKey kInnerKey = c10::DispatchKey::CustomRNGKeyId;
-constexpr c10::DispatchKeySet kBothKeys = c10::DispatchKeySet(kObserverKey) | c10::DispatchKeySet(kInnerKey);
+constexpr c10::DispatchKeySet kBothKeys =
+    c10::DispatchKeySet(kObserverKey) | c10::DispatchKeySet(kInnerKey);
 
 // The sampled RecordFunction check of threads without the key: the share of events it sees, on
 // average, of every thread (set_unobserved_checks changes it for tests); and whether backends'
@@ -77,7 +78,8 @@ void run_op(const c10::OperatorHandle& op, c10::DispatchKeySet below, torch::jit
 template <c10::DispatchKey key>
 void observe_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                       torch::jit::Stack* stack) {
-  const c10::DispatchKeySet below = keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, key);
+  const c10::DispatchKeySet below =
+      keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, key);
   if (!g_dispatch_observing.load(std::memory_order_acquire)) {
     // Tracking is idle: this thread stops paying for the key (observe_this_thread and the
     // sweep of Python threads put it back when tracking goes live again).
@@ -242,9 +244,7 @@ uint64_t observed_generation() {
              : 0;
 }
 
-void forget_this_thread() {
-  c10::impl::tls_set_dispatch_key_included(detail::kObserverKey, false);
-}
+void forget_this_thread() { c10::impl::tls_set_dispatch_key_included(detail::kObserverKey, false); }
 
 void set_unobserved_checks(double sampling, bool backend) {
   TORCH_CHECK_VALUE(sampling > 0.0 && sampling <= 1.0, "sampling must be in (0, 1], got ",

@@ -2,7 +2,8 @@
 // global callback with inputs and outputs, paid on every RecordFunction event of every thread.
 // Also sees Dynamo's "Torch-Compiled Region" ranges, so a compiled region whose kernels nothing
 // tracked is reported; the dispatcher path installs that check alone (add_dynamo_range_check)
-// when AOTAutograd's calls are not wrapped. Touches only its thread-local ranges; the rest is observer.cpp's.
+// when AOTAutograd's calls are not wrapped. Touches only its thread-local ranges; the rest is
+// observer.cpp's.
 #include "observer.h"
 #include "state.h"
 
@@ -100,8 +101,8 @@ void on_range_end(const at::RecordFunction& fn, at::ObserverContext*) {
 }  // namespace
 
 at::CallbackHandle add_dynamo_range_check() {
-  return at::addGlobalCallback(
-      at::RecordFunctionCallback(&on_range_start, &on_range_end).scopes({at::RecordScope::FUNCTION}));
+  return at::addGlobalCallback(at::RecordFunctionCallback(&on_range_start, &on_range_end)
+                                   .scopes({at::RecordScope::FUNCTION}));
 }
 
 at::CallbackHandle add_observer() {

@@ -343,11 +343,10 @@ bool host_only_op(c10::ArrayRef<c10::IValue> inputs) {
   }
   // A CPU tensor that may stand for others (a wrapper subclass, a torch.func wrapper, sparse,
   // nested): the full scan (op_start) decides. Read from the key set: no call per tensor.
-  static constexpr c10::DispatchKeySet kMayStandIn =
-      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::FuncTorchBatched,
-                           c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::Functionalize,
-                           c10::DispatchKey::Sparse, c10::DispatchKey::SparseCsr,
-                           c10::DispatchKey::NestedTensor});
+  static constexpr c10::DispatchKeySet kMayStandIn = c10::DispatchKeySet(
+      {c10::DispatchKey::Python, c10::DispatchKey::FuncTorchBatched,
+       c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::Functionalize,
+       c10::DispatchKey::Sparse, c10::DispatchKey::SparseCsr, c10::DispatchKey::NestedTensor});
   const bool found = std::any_of(inputs.begin(), inputs.end(), [](const c10::IValue& v) {
     if (v.isDevice()) {
       return !v.toDevice().is_cpu();

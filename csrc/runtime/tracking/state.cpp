@@ -22,17 +22,30 @@ std::atomic<int64_t> g_pipelines{0};
 std::atomic<int64_t> g_pins{0};
 std::atomic<int64_t> g_host_watch{0};
 namespace {
-std::mutex* g_counters_mutex = new std::mutex();   // (leaked: threads count until exit)
+std::mutex* g_counters_mutex = new std::mutex();  // (leaked: threads count until exit)
 std::vector<Counters*>* g_thread_counters = new std::vector<Counters*>();
 Counters* g_exited_counters = new Counters();  // what exited threads counted
 
-constexpr Counter kAllCounters[] = {
-    &Counters::ops, &Counters::launches, &Counters::waits, &Counters::events,
-    &Counters::host_waits, &Counters::record_streams, &Counters::pin_waits,
-    &Counters::keep_alives, &Counters::released, &Counters::unclaimed, &Counters::gaps,
-    &Counters::compiled_regions, &Counters::compiled_unwrapped, &Counters::captures,
-    &Counters::capture_forks, &Counters::capture_joins, &Counters::capture_kept,
-    &Counters::graph_replays, &Counters::polls_paused, &Counters::unobserved};
+constexpr Counter kAllCounters[] = {&Counters::ops,
+                                    &Counters::launches,
+                                    &Counters::waits,
+                                    &Counters::events,
+                                    &Counters::host_waits,
+                                    &Counters::record_streams,
+                                    &Counters::pin_waits,
+                                    &Counters::keep_alives,
+                                    &Counters::released,
+                                    &Counters::unclaimed,
+                                    &Counters::gaps,
+                                    &Counters::compiled_regions,
+                                    &Counters::compiled_unwrapped,
+                                    &Counters::captures,
+                                    &Counters::capture_forks,
+                                    &Counters::capture_joins,
+                                    &Counters::capture_kept,
+                                    &Counters::graph_replays,
+                                    &Counters::polls_paused,
+                                    &Counters::unobserved};
 
 struct ThreadCounters {
   Counters* block = new Counters();
@@ -69,7 +82,6 @@ uint64_t total(Counter counter) {
 void reset_counters_after_fork() {
   g_counters_mutex = new std::mutex();  // (the parent's may have been held by another thread)
 }
-
 
 namespace {
 std::atomic<StreamId> g_next_host{-1};
