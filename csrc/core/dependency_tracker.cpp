@@ -72,8 +72,13 @@ bool DependencyTracker::join_capped(Clock& into, const ClockView& v, uint64_t ow
   return grew;
 }
 
-DependencyTracker::DependencyTracker(size_t history_limit)
-    : history_limit_(std::max<size_t>(history_limit, 1)) {}
+DependencyTracker::DependencyTracker(size_t history_limit, Locking locking)
+    : history_limit_(std::max<size_t>(history_limit, 1)), locking_(locking) {}
+
+std::unique_lock<std::mutex> DependencyTracker::guard() const {
+  return locking_ == Locking::kInternal ? std::unique_lock<std::mutex>(mutex_)
+                                        : std::unique_lock<std::mutex>();
+}
 
 DependencyTracker::~DependencyTracker() = default;
 
@@ -151,7 +156,7 @@ DependencyTracker::Launch DependencyTracker::launch(StreamId stream,
                                                     const std::vector<StorageId>& reads,
                                                     const std::vector<StorageId>& writes,
                                                     const Cover& cover) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const auto lock = guard();
   const uint32_t self = index_of(stream);
   StreamState& st = streams_[self];
 
@@ -260,7 +265,7 @@ DependencyTracker::Launch DependencyTracker::launch(StreamId stream,
 }
 
 void DependencyTracker::define(Position p, const std::vector<StorageId>& storages) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const auto lock = guard();
   if (p.seq == 0) throw std::invalid_argument("torch_pipeline: define() needs a launched position");
   const uint32_t index = checked_index(p, "define()");
   const Op op = op_at(index, p.seq);
@@ -273,7 +278,7 @@ void DependencyTracker::define(Position p, const std::vector<StorageId>& storage
 }
 
 void DependencyTracker::used(Position p, StorageId s, bool write) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const auto lock = guard();
   if (p.seq == 0) return;
   const uint32_t index = checked_index(p, "used()");
   const Op op = op_at(index, p.seq);
@@ -302,7 +307,7 @@ void DependencyTracker::used(Position p, StorageId s, bool write) {
 }
 
 void DependencyTracker::waited(StreamId waiter, Position producer, uint64_t own_reach) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const auto lock = guard();
   if (producer.seq == 0) return;
   const uint32_t from = checked_index(producer, "waited()");
   const uint32_t to = index_of(waiter);
@@ -313,7 +318,7 @@ void DependencyTracker::waited(StreamId waiter, Position producer, uint64_t own_
 }
 
 void DependencyTracker::completed(Position p, uint64_t own_reach) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const auto lock = guard();
   if (p.seq == 0) return;
   const uint32_t index = checked_index(p, "completed()");
   if (entry(host_, index) >= p.seq) return;
@@ -321,7 +326,7 @@ void DependencyTracker::completed(Position p, uint64_t own_reach) {
 }
 
 bool DependencyTracker::is_ordered(StreamId stream, Position p) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const auto lock = guard();
   if (p.seq == 0) return true;
   const StreamState* producer = find_stream(p.stream);
   if (producer == nullptr || p.seq > producer->seq) return false;  // not launched yet
@@ -333,17 +338,17 @@ bool DependencyTracker::is_ordered(StreamId stream, Position p) const {
 }
 
 void DependencyTracker::forget(StorageId s) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const auto lock = guard();
   storages_.erase(s);
 }
 
 void DependencyTracker::forget(const std::vector<StorageId>& storages) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const auto lock = guard();
   for (const StorageId s : storages) storages_.erase(s);
 }
 
 std::vector<Position> DependencyTracker::uses_off(StorageId s, StreamId home) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const auto lock = guard();
   std::vector<Position> out;
   const auto it = storages_.find(s);
   if (it == storages_.end()) return out;
@@ -361,18 +366,18 @@ std::vector<Position> DependencyTracker::uses_off(StorageId s, StreamId home) co
 }
 
 uint64_t DependencyTracker::num_launched(StreamId stream) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const auto lock = guard();
   const StreamState* st = find_stream(stream);
   return st == nullptr ? 0 : st->seq;
 }
 
 size_t DependencyTracker::num_storages() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const auto lock = guard();
   return storages_.size();
 }
 
 size_t DependencyTracker::num_records() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const auto lock = guard();
   size_t n = 0;
   for (const auto& s : storages_) {
     n += (s.second.writer.seq != 0 ? 1 : 0) + s.second.readers.size() + s.second.uses.size();
@@ -381,7 +386,7 @@ size_t DependencyTracker::num_records() const {
 }
 
 size_t DependencyTracker::num_history_entries() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const auto lock = guard();
   size_t n = 0;
   for (const auto& st : streams_) n += st.history.size();
   return n;

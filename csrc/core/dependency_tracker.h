@@ -83,9 +83,15 @@ class DependencyTracker {
     Position position;            // the position the op gets
   };
 
+  // Who serialises the calls: the tracker's own lock (every method is thread-safe), or the
+  // caller, who holds a lock of its own around every call (the runtime's LiveState does: one
+  // lock per op instead of two).
+  enum class Locking { kInternal, kByCaller };
+
   // history_limit: clock changes kept per stream for waited()/completed() on past positions
   // (at least 1).
-  explicit DependencyTracker(size_t history_limit = kDefaultHistoryLimit);
+  explicit DependencyTracker(size_t history_limit = kDefaultHistoryLimit,
+                             Locking locking = Locking::kInternal);
   ~DependencyTracker();
 
   DependencyTracker(const DependencyTracker&) = delete;
@@ -226,8 +232,11 @@ class DependencyTracker {
   bool covered(const StreamState& st, uint32_t stream, uint64_t seq) const;
   void consider(uint32_t self, const StreamState& st, const Op& op);
 
+  std::unique_lock<std::mutex> guard() const;  // mutex_ locked, unless the caller serialises
+
   mutable std::mutex mutex_;
   const size_t history_limit_;
+  const Locking locking_;
   std::vector<StreamState> streams_;
   std::unordered_map<StreamId, uint32_t> stream_index_;
   Clock host_;  // what the host knows completed

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
@@ -117,7 +118,9 @@ class StorageTable {
                         size_t min_sweep = kMinSweep)
       : on_dead_(std::move(on_dead)),
         young_capacity_(std::max<size_t>(1, young_capacity)),
-        min_sweep_(std::max<size_t>(1, min_sweep)) {}
+        min_sweep_(std::max<size_t>(1, min_sweep)),
+        young_(young_capacity_),
+        young_keys_(young_capacity_, nullptr) {}
 
   static StorageId id_of(Key key) { return reinterpret_cast<StorageId>(key); }
 
@@ -160,7 +163,7 @@ class StorageTable {
       return &e;
     }
     const size_t y = young_index(key);
-    *pending_home = y != young_keys_.size() ? young_[y].definition.stream : 0;
+    *pending_home = y != young_keys_.size() ? young_[y]->definition.stream : 0;
     return nullptr;
   }
   // The op at `seq` on pending_home(key) (not 0) reads or writes it: noted with the pending state.
@@ -172,7 +175,7 @@ class StorageTable {
     }
     const size_t y = young_index(key);
     if (y != young_keys_.size()) {
-      young_[y].home_uses.note(seq, write);
+      young_[y]->home_uses.note(seq, write);
     }
   }
 
@@ -186,21 +189,24 @@ class StorageTable {
       return;
     }
     if (const size_t i = young_index(key); i != young_keys_.size()) {
-      Young& y = young_[i];
+      Young& y = *young_[i];
       y.definition = definition;  // (two outputs sharing a storage, or an op returning it again)
       y.home_uses = HomeUses{};
       return;
     }
-    if (young_.size() >= young_capacity_) {
-      Young oldest = std::move(young_.front());
-      young_.pop_front();
-      young_keys_.erase(young_keys_.begin());
+    // The slot of the oldest young storage (or an empty one): promoted if it is still alive.
+    const size_t slot = young_next_;
+    young_next_ = (young_next_ + 1) % young_capacity_;
+    if (young_keys_[slot] != nullptr) {
+      Young oldest = std::move(*young_[slot]);
+      release_young(slot);
       if (!oldest.ref.expired()) {
         promote(std::move(oldest));
       }
     }
-    young_.push_back(Young{key, make_ref(), definition, HomeUses{}});
-    young_keys_.push_back(key);
+    young_[slot].emplace(Young{key, make_ref(), definition, HomeUses{}});
+    young_keys_[slot] = key;
+    ++young_size_;
   }
 
   // f(Entry&) for every entry whose storage is alive.
@@ -213,15 +219,19 @@ class StorageTable {
     }
   }
 
-  size_t size() const { return map_.size(); }     // entries (some may be dead, until a sweep)
-  size_t young() const { return young_.size(); }  // young storages
+  size_t size() const { return map_.size(); }   // entries (some may be dead, until a sweep)
+  size_t young() const { return young_size_; }  // young storages
   size_t sweeps() const { return sweeps_; }
 
   // Drops every entry and young storage (on_dead is not called).
   void clear() {
     map_.clear();
-    young_.clear();
-    young_keys_.clear();
+    for (size_t i = 0; i < young_capacity_; ++i) {
+      if (young_keys_[i] != nullptr) {
+        release_young(i);
+      }
+    }
+    young_next_ = 0;
     inserted_since_sweep_ = 0;
     left_by_sweep_ = 0;
   }
@@ -255,14 +265,15 @@ class StorageTable {
     HomeUses home_uses;
   };
 
-  // The index of `key` in young_ (the newest first), young_keys_.size() if it is not young.
+  // The slot of `key` in the young ring, young_keys_.size() if it is not young.
   size_t young_index(Key key) const {
-    for (size_t i = young_keys_.size(); i-- > 0;) {
-      if (young_keys_[i] == key) {
-        return i;
-      }
-    }
-    return young_keys_.size();
+    return static_cast<size_t>(std::find(young_keys_.begin(), young_keys_.end(), key) -
+                               young_keys_.begin());
+  }
+  void release_young(size_t slot) {
+    young_[slot].reset();
+    young_keys_[slot] = nullptr;
+    --young_size_;
   }
 
   Entry& insert(Key key, Ref ref) {
@@ -283,9 +294,8 @@ class StorageTable {
     if (i == young_keys_.size()) {
       return nullptr;
     }
-    Young y = std::move(young_[i]);
-    young_.erase(young_.begin() + static_cast<std::ptrdiff_t>(i));
-    young_keys_.erase(young_keys_.begin() + static_cast<std::ptrdiff_t>(i));
+    Young y = std::move(*young_[i]);
+    release_young(i);
     return &promote(std::move(y));
   }
 
@@ -293,10 +303,13 @@ class StorageTable {
   const size_t young_capacity_;
   const size_t min_sweep_;
   std::unordered_map<Key, Entry> map_;
-  std::deque<Young> young_;
-  // The keys of young_, in the same order: the lookups scan these (a few cache lines), not the
-  // records.
+  // The young ring: the latest young_capacity_ fresh outputs, one slot each, reused in turn
+  // (young_next_ is the oldest); a slot is empty (its key nullptr) once its storage got an
+  // entry. The lookups scan the keys (a few cache lines), not the records.
+  std::vector<std::optional<Young>> young_;
   std::vector<Key> young_keys_;
+  size_t young_next_ = 0;
+  size_t young_size_ = 0;
   size_t inserted_since_sweep_ = 0;
   size_t left_by_sweep_ = 0;  // entries the last sweep left
   size_t sweeps_ = 0;

@@ -1,9 +1,10 @@
 // Automatic synchronization (docs/design.md §4): the core DependencyTracker bound to c10. The one
 // public header of the tracker; its rooms live in csrc/runtime/tracking/ (see state.h there).
 //
-// While tracking is live, a global RecordFunction callback observes the outermost op of every
-// thread (autograd engine threads included) before it launches, with its inputs, the arguments its
-// schema marks written, and, after it, its fresh outputs. Tensors map to storages; storages on an
+// While tracking is live, the observer sees the outermost op of every observed thread (autograd
+// engine threads included) before it launches, with its inputs, the arguments its schema marks
+// written, and, after it, its fresh outputs: a dispatcher fallback on a thread-local key, or a
+// global RecordFunction callback (see Observer). Tensors map to storages; storages on an
 // accelerator are accessed on the current stream of their device. Before the op, the current
 // stream waits (c10 event waits) for what the tracker says: the last writer of what it reads, and
 // the last writer and the readers since of what it writes, on other streams, each producer stream
@@ -16,7 +17,7 @@
 // waits until the task has finished.
 //
 // Tracking is live while a non-default pipeline (or a task pinning tensors) is alive; otherwise
-// no callback is installed and ops pay nothing. Going live orders the streams that were current
+// nothing observes and ops pay nothing. Going live orders the streams that were current
 // before (recorded as a baseline each newly seen stream waits for once); going idle makes every
 // stream that was tracked wait for every other one of its device, and synchronizes with pending
 // copies into watched CPU memory, so work before and after a live period stays ordered.

@@ -35,15 +35,19 @@ _sim_enabled, _fresh_state = tracked_sim_fixtures(num_devices=1)
 
 N = 1 << 12
 
+# The tests of the dispatcher path's keys (CI runs this file on the RecordFunction path too).
+dispatcher_only = pytest.mark.skipif(
+    os.environ.get("TORCH_PIPELINE_OBSERVER", "dispatcher") != "dispatcher",
+    reason="checks the dispatcher path's keys; this run observes with RecordFunction")
+
 
 def idle() -> None:
     gc.collect()
     assert not _C._tracking_live(), "a pipeline of an earlier test is still alive"
 
 
+@dispatcher_only
 def test_the_default_observer_is_the_dispatcher_path() -> None:
-    if os.environ.get("TORCH_PIPELINE_OBSERVER", "dispatcher") != "dispatcher":
-        pytest.skip("this run chose another observer")
     idle()
     p = tp.Pipeline()
     assert tp.tracking_stats()["observer"] == "dispatcher"
@@ -87,6 +91,7 @@ def _read_p_write_on(thread_body: Any, p: "tp.Pipeline") -> Dict[str, Any]:
     return box
 
 
+@dispatcher_only
 def test_a_thread_the_runtime_never_knew_is_warned_about_once_then_observed() -> None:
     """A thread without the key (as one started in C++) that runs device ops while tracking is
     live: its first device op is noticed by the sim backend, warned about once, counted; from then
@@ -119,6 +124,32 @@ def test_a_thread_the_runtime_never_knew_is_warned_about_once_then_observed() ->
     assert tp.tracking_stats()["unobserved"] - before == 1
 
 
+@dispatcher_only
+def test_a_thread_that_lost_its_key_is_warned_about_and_observed_again() -> None:
+    """torch.inference_mode's exit restores the dispatch key set from before the block: a
+    pipeline created inside it leaves the thread without the key. Its next device op is noticed,
+    warned about (naming the cause), and the thread is observed again."""
+    idle()
+    sim.set_strict(False)
+    x = torch.ones(N, device="sim:0")
+    with torch.inference_mode():
+        p = tp.Pipeline()
+    assert _C._observer_key_state() == (False, False)
+    before = tp.tracking_stats()["unobserved"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.ones(4, device="sim:0").add_(1)
+    assert _C._observer_key_state() == (True, False)
+    assert tp.tracking_stats()["unobserved"] - before == 1
+    messages = [str(w.message) for w in caught]
+    assert any("torch.inference_mode" in m for m in messages) or not messages  # (warned once)
+    with tp.pipeline(p):
+        y = x * 2
+    assert torch.equal((y + 1).cpu(), torch.full((N,), 3.0))
+    assert sim.races() == []
+
+
+@dispatcher_only
 def test_the_sampled_check_notices_a_thread_where_no_backend_checks() -> None:
     """Without the sim backend's check (CUDA has none), the sampled RecordFunction check notices
     a thread without the key (sampling every event here, 1/64 by default)."""
@@ -145,6 +176,7 @@ def test_the_sampled_check_notices_a_thread_where_no_backend_checks() -> None:
         _C._set_unobserved_checks(1.0 / 64, True)
 
 
+@dispatcher_only
 def test_a_thread_of_an_earlier_live_period_is_observed_in_the_next() -> None:
     """A thread observed in one live period lets go of the key when tracking goes idle (its next
     op); when tracking goes live again, the sweep of Python threads gives it back at the thread's

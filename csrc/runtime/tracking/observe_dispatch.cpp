@@ -53,8 +53,7 @@ constexpr c10::DispatchKeySet kBothKeys =
 std::atomic<double> g_check_sampling{1.0 / 64};
 std::atomic<bool> g_backend_check{true};
 
-std::atomic<bool> g_registered{false};
-std::atomic<uint64_t> g_generation{0};
+std::atomic<uint64_t> g_generation{0};  // bumped at each go-live of this path
 
 bool keyed(const c10::impl::LocalDispatchKeySet& local) {
   return local.included_.has(kObserverKey) || local.excluded_.has(kObserverKey) ||
@@ -90,7 +89,7 @@ void observe_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
   const size_t nargs = op.schema().arguments().size();
   TORCH_INTERNAL_ASSERT(stack->size() >= nargs);
   const c10::ArrayRef<c10::IValue> inputs(stack->data() + stack->size() - nargs, nargs);
-  if (!inside_observed_op() && host_only_op(inputs)) {
+  if (host_only_op(inputs)) {  // (inside a compiled region too: nothing to observe)
     run_op(op, below, stack, Taken::kClaimed);
     return;
   }
@@ -113,23 +112,44 @@ void observe_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
   op_end(taken, c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - nret, nret));
 }
 
+// The live period (g_generation) in which this thread last took the key.
+thread_local uint64_t t_keyed_in = 0;
+
+void take_key() {
+  c10::impl::tls_set_dispatch_key_included(kObserverKey, true);
+  t_keyed_in = g_generation.load(std::memory_order_relaxed);
+}
+
 // Counts and warns (once) about a device op of a thread the dispatcher path does not observe,
 // and observes that thread from now on.
 void unobserved(const char* op) {
   count(&Counters::unobserved);
   char name[32] = "?";
   pthread_getname_np(pthread_self(), name, sizeof(name));
-  warn_once("unobserved thread",
-            std::string("a thread the tracker did not know (") + name + ") ran " + op +
-                " on a device while automatic synchronization was live, so its ops so far were "
-                "not ordered against other pipelines. It is observed from now on. Threads "
-                "torch_pipeline knows are observed from their first op: those that create or "
-                "enter a pipeline or submit a task, its worker threads, the autograd engine's "
-                "threads, and Python threads (those that started before the pipeline at their "
-                "next Python call). Call tp.observe_thread() first on a thread started in C++, "
-                "or set TORCH_PIPELINE_OBSERVER=record_function to observe every thread. Warned "
-                "once.");
-  c10::impl::tls_set_dispatch_key_included(kObserverKey, true);
+  if (t_keyed_in == g_generation.load(std::memory_order_relaxed)) {
+    // It had the key in this live period, and a guard that restores a saved dispatch key set
+    // (torch.inference_mode's exit, for one) took it away.
+    warn_once("thread lost its key",
+              std::string("thread ") + name + " ran " + op +
+                  " on a device without automatic synchronization observing it: it was "
+                  "observed until a guard that restores a saved dispatch key set (the exit of a "
+                  "torch.inference_mode block in which a pipeline was created, for one) removed "
+                  "the observer's key, so its ops since were not ordered against other "
+                  "pipelines. It is observed again from now on. Create pipelines outside such "
+                  "blocks, or enter a pipeline context (tp.pipeline) after them. Warned once.");
+  } else {
+    warn_once("unobserved thread",
+              std::string("a thread the tracker did not know (") + name + ") ran " + op +
+                  " on a device while automatic synchronization was live, so its ops so far "
+                  "were not ordered against other pipelines. It is observed from now on. "
+                  "Threads torch_pipeline knows are observed from their first op: those that "
+                  "create or enter a pipeline or submit a task, its worker threads, the autograd "
+                  "engine's threads, and Python threads (one that was running already, from its "
+                  "next Python call). For a thread started in C++, run a Python call or a "
+                  "pipeline context on it first, or set TORCH_PIPELINE_OBSERVER=record_function "
+                  "to observe every thread at a higher cost per op. Warned once.");
+  }
+  take_key();
 }
 
 std::unique_ptr<at::ObserverContext> sampled_check(const at::RecordFunction& fn) {
@@ -166,7 +186,6 @@ bool register_dispatch_observer() {
       return false;
     }
   }();
-  g_registered.store(ok, std::memory_order_release);
   return ok;
 }
 
@@ -224,7 +243,7 @@ void observe_this_thread() {
   using namespace detail;
   if (g_dispatch_observing.load(std::memory_order_acquire) &&
       !c10::impl::tls_is_dispatch_key_included(kObserverKey)) {
-    c10::impl::tls_set_dispatch_key_included(kObserverKey, true);
+    take_key();
   }
 }
 

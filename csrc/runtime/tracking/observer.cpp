@@ -150,6 +150,7 @@ void failed(const char* where, const std::string& op, const std::exception& e) {
 // Inside a pipeline context: the devices the op runs on join the pipeline's lane before it
 // launches (context.h, enter_device): its tensors' devices and its device arguments.
 void enter_devices(const c10::ArrayRef<c10::IValue>& inputs) {
+  c10::Device entered(c10::kCPU);
   for (const c10::IValue& v : inputs) {
     if (v.isDevice()) {
       c10::Device d = v.toDevice();
@@ -160,10 +161,11 @@ void enter_devices(const c10::ArrayRef<c10::IValue>& inputs) {
         enter_device(d);
       }
     } else {
-      for_each_tensor(v, [](const at::Tensor& x) {
+      for_each_tensor(v, [&entered](const at::Tensor& x) {
         const c10::Device d = x.device();
-        if (!d.is_cpu() && !d.is_meta()) {
+        if (!d.is_cpu() && !d.is_meta() && d != entered) {
           enter_device(d);
+          entered = d;  // (an op's tensors are mostly on one device)
         }
       });
     }
@@ -359,8 +361,7 @@ bool host_only_op(c10::ArrayRef<c10::IValue> inputs) {
   if (found) {
     return false;
   }
-  ++tls.observed;
-  count(&Counters::ops);
+  count(&Counters::ops);  // (observer_progress counts it from there)
   return true;
 }
 
@@ -455,7 +456,11 @@ bool inside_observed_op() { return tls.active != 0; }
 
 int observer_level() { return tls.level; }
 
-std::pair<uint64_t, uint64_t> observer_progress() { return {tls.regions, tls.observed}; }
+std::pair<uint64_t, uint64_t> observer_progress() {
+  const Counters& c = thread_counters();
+  return {tls.regions, c.ops.load(std::memory_order_relaxed) +
+                           c.unclaimed.load(std::memory_order_relaxed) + tls.observed};
+}
 
 void report_compiled_gap(const char* name) {
   count(&Counters::compiled_unwrapped);

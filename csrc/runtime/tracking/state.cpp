@@ -25,6 +25,7 @@ namespace {
 std::mutex* g_counters_mutex = new std::mutex();  // (leaked: threads count until exit)
 std::vector<Counters*>* g_thread_counters = new std::vector<Counters*>();
 Counters* g_exited_counters = new Counters();  // what exited threads counted
+__thread bool t_counters_gone = false;         // this thread's block was folded in (its exit)
 
 constexpr Counter kAllCounters[] = {&Counters::ops,
                                     &Counters::launches,
@@ -54,6 +55,8 @@ struct ThreadCounters {
     g_thread_counters->push_back(block);
   }
   ~ThreadCounters() {
+    t_counters = nullptr;
+    t_counters_gone = true;
     std::lock_guard<std::mutex> lock(*g_counters_mutex);
     for (const Counter c : kAllCounters) {
       (g_exited_counters->*c).fetch_add((block->*c).load(std::memory_order_relaxed));
@@ -65,8 +68,13 @@ struct ThreadCounters {
 };
 }  // namespace
 
-Counters& thread_counters() {
-  thread_local ThreadCounters mine;
+__thread Counters* t_counters = nullptr;
+Counters& register_thread_counters() {
+  if (t_counters_gone) {
+    return *g_exited_counters;  // (a count from another thread-local's destructor, at exit)
+  }
+  thread_local ThreadCounters mine;  // (its destructor folds the counts in at thread exit)
+  t_counters = mine.block;
   return *mine.block;
 }
 
@@ -94,8 +102,16 @@ StreamId host_stream() {
   return id;
 }
 
+namespace {
+// Every call is made under LiveState::mutex: the core tracker needs no lock of its own.
+std::unique_ptr<core::DependencyTracker> make_tracker() {
+  return std::make_unique<core::DependencyTracker>(core::DependencyTracker::kDefaultHistoryLimit,
+                                                   core::DependencyTracker::Locking::kByCaller);
+}
+}  // namespace
+
 LiveState::LiveState()
-    : tracker(std::make_unique<core::DependencyTracker>()),
+    : tracker(make_tracker()),
       storages([this](std::vector<StorageEntry>& dead) { forget_dead_locked(*this, dead); }) {}
 
 LiveState& state() { return *g_state; }
@@ -110,7 +126,7 @@ void replace_state_after_fork() {
 void reset_locked(LiveState& st) {
   ++st.period;
   st.storages.clear();  // (before the tracker: entries name its ids)
-  st.tracker = std::make_unique<core::DependencyTracker>();
+  st.tracker = make_tracker();
   st.streams.clear();
   st.by_id.clear();
   st.baseline.clear();

@@ -67,7 +67,13 @@ using Counter = std::atomic<uint64_t> Counters::*;
 // Note [Per-thread counters]: each thread counts in a block of its own (no cache line that
 // every op of every thread writes); stats() sums the blocks of live threads and what exited
 // threads left.
-Counters& thread_counters();
+// NB: a plain pointer (no constructor, no guard): one thread-local read per count.
+extern __thread Counters* t_counters;
+Counters& register_thread_counters();  // the first count of a thread
+inline Counters& thread_counters() {
+  Counters* c = t_counters;
+  return c != nullptr ? *c : register_thread_counters();
+}
 inline void count(Counter counter, uint64_t n = 1) {
   std::atomic<uint64_t>& c = thread_counters().*counter;
   c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);  // (one writer)
