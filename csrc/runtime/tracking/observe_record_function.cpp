@@ -4,6 +4,7 @@
 // tracked is reported; the dispatcher path installs that check alone (add_dynamo_range_check)
 // when AOTAutograd's calls are not wrapped. Touches only its thread-local ranges; the rest is
 // observer.cpp's.
+#include "../warn.h"
 #include "observer.h"
 #include "state.h"
 
@@ -99,6 +100,19 @@ void on_range_end(const at::RecordFunction& fn, at::ObserverContext*) {
 }
 
 }  // namespace
+
+void report_compiled_gap(const char* name) {
+  count(&Counters::compiled_unwrapped);
+  warn_once("compiled region not tracked",
+            std::string("automatic synchronization could not see the kernels of a compiled region "
+                        "(") +
+                name +
+                "): neither its AOTAutograd call nor any operator in it was "
+                "tracked, so it may race with other pipelines. torch_pipeline wraps AOTAutograd's "
+                "compiled calls (the default inductor backend and aot_* backends); for another "
+                "backend, declare the region's tensors with `with tp.track(read=..., write=...)` "
+                "around the call. Warned once.");
+}
 
 at::CallbackHandle add_dynamo_range_check() {
   return at::addGlobalCallback(at::RecordFunctionCallback(&on_range_start, &on_range_end)

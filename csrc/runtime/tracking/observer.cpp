@@ -1,6 +1,6 @@
-// The observer room (see observer.h): the RecordFunction callbacks and their per-thread state
-// only. Reads op facts (op_facts.h) and the lock-free switches; acts through the pins, host-watch,
-// launch and collectives rooms.
+// The observer room (see observer.h): what an observed op means (op_start / op_end, whichever
+// path saw it) and its per-thread state only. Reads op facts (op_facts.h) and the lock-free
+// switches; acts through the pins, host-watch, launch and collectives rooms.
 #include "observer.h"
 
 #include "../context.h"
@@ -35,7 +35,7 @@ constexpr const char kResizeStorageBytes[] = "inductor::resize_storage_bytes_";
 
 // Per-thread state of the op being observed (only the outermost one of a thread).
 struct Tls {
-  int level = 0;   // RecordFunction nesting on this thread
+  int level = 0;   // op_start nesting on this thread
   int active = 0;  // level of the observed (outermost) op, 0 if none
   // The observed op is a storage resize inside a compiled region (kInRegion again at its end).
   bool in_region = false;
@@ -460,19 +460,6 @@ std::pair<uint64_t, uint64_t> observer_progress() {
   const Counters& c = thread_counters();
   return {tls.regions, c.ops.load(std::memory_order_relaxed) +
                            c.unclaimed.load(std::memory_order_relaxed) + tls.observed};
-}
-
-void report_compiled_gap(const char* name) {
-  count(&Counters::compiled_unwrapped);
-  warn_once("compiled region not tracked",
-            std::string("automatic synchronization could not see the kernels of a compiled region "
-                        "(") +
-                name +
-                "): neither its AOTAutograd call nor any operator in it was "
-                "tracked, so it may race with other pipelines. torch_pipeline wraps AOTAutograd's "
-                "compiled calls (the default inductor backend and aot_* backends); for another "
-                "backend, declare the region's tensors with `with tp.track(read=..., write=...)` "
-                "around the call. Warned once.");
 }
 
 bool begin_region() {
