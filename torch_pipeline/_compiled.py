@@ -103,10 +103,14 @@ def _wrap(module: ModuleType) -> bool:
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Wraps the AOTAutograd helper right after its module is first imported."""
+    """Calls ``after(module)`` right after the module ``name`` is first imported."""
+
+    def __init__(self, name: str, after: Callable[[ModuleType], Any]) -> None:
+        self.name = name
+        self.after = after
 
     def find_spec(self, fullname: str, path: Any, target: Optional[ModuleType] = None) -> Any:
-        if fullname != _MODULE:
+        if fullname != self.name:
             return None
         sys.meta_path.remove(self)  # (find the real spec without this finder)
         spec = importlib.util.find_spec(fullname)
@@ -114,22 +118,31 @@ class _Finder(importlib.abc.MetaPathFinder):
             return spec
         loader = spec.loader
         exec_module = loader.exec_module
+        after = self.after
 
         def exec_and_wrap(module: ModuleType) -> None:
             exec_module(module)
-            _wrap(module)
+            after(module)
 
         loader.exec_module = exec_and_wrap  # type: ignore[method-assign]
         return spec
 
 
-def install() -> None:
-    """Wraps the helper now if its module is loaded, else when it is first imported."""
-    module = sys.modules.get(_MODULE)
+def _when_imported(name: str, after: Callable[[ModuleType], Any]) -> None:
+    """``after(module)`` now if ``name`` is imported, else right after its first import."""
+    module = sys.modules.get(name)
     if module is not None:
-        _wrap(module)
-    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+        after(module)
+    elif not any(isinstance(f, _Finder) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder(name, after))
+
+
+def install() -> None:
+    """Wraps the helper now if its module is loaded, else when it is first imported; tells the
+    tracker when torch._dynamo is imported (from then on a compiled region can run: while regions
+    are not wrapped, it checks Dynamo's ranges, which costs every op a RecordFunction)."""
+    _when_imported(_MODULE, _wrap)
+    _when_imported("torch._dynamo", lambda _: _C._set_dynamo_loaded())
 
 
 install()

@@ -185,6 +185,7 @@ device); both need enable_timing=True.
       .def("outputs", &tracking::CompiledRegion::outputs, py::arg("outs"))
       .def("close", &tracking::CompiledRegion::close, py::call_guard<ReleasedGil>());
   m.def("_set_regions_wrapped", &tracking::set_regions_wrapped, py::arg("wrapped"));
+  m.def("_set_dynamo_loaded", &tracking::set_dynamo_loaded);
   m.def("_tracking_live", &tracking::live);
   py::class_<SavedOriginal>(m, "_SavedOriginal")
       .def(py::init<const at::Tensor&>(), py::arg("tensor"))
@@ -222,6 +223,8 @@ device); both need enable_timing=True.
       "removes). Not for production code.");
   m.def("_observer_key_state", &tracking::observer_key_state,
         "(included, excluded): whether this thread carries the dispatcher path's key (tests).");
+  m.def("_range_check_installed", &tracking::range_check_installed,
+        "Whether the dispatcher path's check of Dynamo's ranges is installed (tests).");
   m.def("_forget_this_thread", &tracking::forget_this_thread,
         "Test switch: the calling thread drops the dispatcher path's key, as a thread the "
         "runtime never knew.");

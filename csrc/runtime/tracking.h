@@ -67,6 +67,8 @@ void observe_this_thread();
 // Whether the calling thread carries the dispatcher path's key: included, excluded (inside an
 // observed op, or hidden). For tests.
 std::pair<bool, bool> observer_key_state();
+// Whether the dispatcher path's check of Dynamo's ranges is installed. For tests.
+bool range_check_installed();
 // Test switches: the calling thread drops the key (as a thread the runtime never knew); the
 // sampled check's share of events (from the next go-live) and whether backends check.
 void forget_this_thread();
@@ -231,8 +233,10 @@ class StorageResize {
 // dispatcher sees them or not), but for inductor::resize_storage_bytes_ (a block freed or allocated
 // mid-region); outputs() names what it made; close() ends it, like an op's end. No-op while idle,
 // or inside an observed op or region. Whether compiled regions are wrapped (see regions_wrapped in
-// tracking/observer.h).
+// tracking/observer.h), and that torch._dynamo is imported (before, no compiled region can run, and
+// the check of unwrapped regions is not installed).
 void set_regions_wrapped(bool wrapped);
+void set_dynamo_loaded();
 
 class CompiledRegion {
  public:

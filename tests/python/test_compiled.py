@@ -12,6 +12,10 @@ Runs in a child process of its own (see _sim_child.py): enabling sim is process-
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
+import textwrap
 import warnings
 from typing import Any, Callable, Iterator, List, Tuple
 
@@ -186,6 +190,36 @@ def test_inductor_on_the_cpu_inside_pipelines_equals_eager() -> None:
     assert torch.allclose(out, ref, atol=1e-5)
     assert all(torch.allclose(q.grad, g, atol=1e-5) for q, g in zip(model.parameters(), grads))
     assert tp.tracking_stats()["compiled_regions"] - before == 2
+
+
+# Run as a fresh process: whether torch._dynamo is imported yet is what this checks.
+_RANGE_CHECK_CHILD = textwrap.dedent("""
+    import sys, torch, torch_pipeline as tp, torch_pipeline.sim as sim
+    from torch_pipeline import _C
+    sim.enable(num_devices=1)
+    assert "torch._dynamo" not in sys.modules, "the test needs a process without torch._dynamo"
+    p = tp.Pipeline()
+    states = [_C._range_check_installed()]
+    import torch._dynamo
+    states.append(_C._range_check_installed())
+    _C._set_regions_wrapped(False)
+    states.append(_C._range_check_installed())
+    del p
+    states.append(_C._range_check_installed())
+    print(*states)
+""")
+
+
+def test_the_range_check_is_installed_only_while_an_unwrapped_region_can_run() -> None:
+    """Without torch._dynamo no compiled region can run, and with regions wrapped each is tracked:
+    the check of Dynamo's ranges (a RecordFunction callback every op would pay) stays out; it goes
+    in when regions are unwrapped, and out again when tracking goes idle."""
+    env = dict(os.environ, TORCH_PIPELINE_OBSERVER="dispatcher")
+    env.pop("TORCH_PIPELINE_SIM_TEST_CHILD", None)
+    r = subprocess.run([sys.executable, "-c", _RANGE_CHECK_CHILD], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "False", "True", "False"]
 
 
 install_proxies(globals(), __file__)

@@ -13,14 +13,24 @@ namespace tracking {
 namespace detail {
 namespace {
 std::atomic<bool> g_regions_wrapped{false};
+std::atomic<bool> g_dynamo_loaded{false};
 }  // namespace
 
 bool regions_wrapped() { return g_regions_wrapped.load(std::memory_order_relaxed); }
+
+bool range_check_due() {
+  return g_dynamo_loaded.load(std::memory_order_relaxed) && !regions_wrapped();
+}
 }  // namespace detail
 
 void set_regions_wrapped(bool wrapped) {
   detail::g_regions_wrapped.store(wrapped);
-  detail::regions_wrapped_changed();
+  detail::compiled_state_changed();
+}
+
+void set_dynamo_loaded() {
+  detail::g_dynamo_loaded.store(true);
+  detail::compiled_state_changed();
 }
 
 CompiledRegion::CompiledRegion(const std::vector<at::Tensor>& args) {

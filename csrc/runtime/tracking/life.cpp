@@ -37,8 +37,8 @@ bool g_callback_is_check = false;
 // g_dispatch_observing are false).
 std::optional<at::CallbackHandle> g_parent_callback;
 bool g_parent_callback_is_check = false;
-// The dispatcher path's check of Dynamo's ranges, while AOTAutograd's calls are not wrapped
-// (removed when tracking goes idle; a forked child's copy is left, it only reports).
+// The dispatcher path's check of Dynamo's ranges, while range_check_due() (removed when tracking
+// goes idle; a forked child's copy is left, it only reports).
 std::optional<at::CallbackHandle> g_range_check;
 std::atomic<uint64_t> g_fork_generation{0};
 // Held around adding and removing the callback, and by fork() from its prepare handler to its
@@ -59,7 +59,7 @@ void install_callback(bool dispatcher) {
   }
   g_parent_callback.reset();
   g_callback_is_check = dispatcher;
-  if (dispatcher && !regions_wrapped() && !g_range_check.has_value()) {
+  if (dispatcher && range_check_due() && !g_range_check.has_value()) {
     g_range_check = add_dynamo_range_check();
   }
 }
@@ -195,8 +195,8 @@ struct ForkHandler {
 
 }  // namespace
 
-void regions_wrapped_changed() {
-  if (regions_wrapped() || !g_dispatch_observing.load()) {
+void compiled_state_changed() {
+  if (!range_check_due() || !g_dispatch_observing.load()) {
     return;  // (a check installed stays until tracking goes idle)
   }
   std::lock_guard<std::mutex> registering(g_registering);
@@ -212,6 +212,11 @@ void update_live(bool settle) {
 uint64_t fork_generation() { return g_fork_generation.load(std::memory_order_acquire); }
 
 }  // namespace detail
+
+bool range_check_installed() {
+  std::lock_guard<std::mutex> registering(detail::g_registering);
+  return detail::g_range_check.has_value();
+}
 
 void pipeline_created() {
   using namespace detail;

@@ -61,11 +61,13 @@ at::CallbackHandle add_sampled_check();
 void dispatch_observing_started();
 
 // The dispatcher path's check of Dynamo's "Torch-Compiled Region" ranges, installed while
-// AOTAutograd's compiled calls are not wrapped (regions_wrapped): a range in which nothing was
-// tracked is reported (report_compiled_gap). Paid per RecordFunction event, so only then.
+// range_check_due(): a range in which nothing was tracked is reported (report_compiled_gap). A
+// callback without sampling puts every op of every thread on RecordFunction's slow path (about
+// 2,000 instructions per sim op), so only then.
 at::CallbackHandle add_dynamo_range_check();
-// Called when regions_wrapped() changes (life.cpp installs the check above if it is due now).
-void regions_wrapped_changed();
+// Called when range_check_due() may have changed (life.cpp installs the check above if it is due
+// now).
+void compiled_state_changed();
 
 // The RecordFunction path: installs its callbacks (the caller keeps the handle, to remove it).
 at::CallbackHandle add_observer();
@@ -82,6 +84,9 @@ void end_region();
 // tracking.h). Without it, a Dynamo "Torch-Compiled Region" in which nothing was tracked is
 // counted and warned about once.
 bool regions_wrapped();
+// Whether a Dynamo region can run unwrapped: torch._dynamo (whose convert_frame opens those
+// ranges) is imported (set_dynamo_loaded in tracking.h) and regions are not wrapped.
+bool range_check_due();
 
 }  // namespace detail
 }  // namespace tracking
