@@ -1,7 +1,8 @@
 // The capture room (see capture.h and "Graph capture" in tracking.h): captures underway, each a
-// world of its own; the hooks around a capture's begin and end; what a captured graph keeps and
-// its replays. Touches the worlds it owns, the thread's capture, the query gate (capture.h of the
-// runtime), and the main state only to give eager work its events before a stream captures.
+// world of its own; the hooks around a capture's begin and end; what a captured graph keeps (its
+// replays are graph_replay.cpp's). Touches the worlds it owns, the thread's capture, the query gate
+// (capture.h of the runtime), and the main state only to give eager work its events before a stream
+// captures.
 #include "capture.h"
 
 #include "../context.h"
@@ -24,20 +25,6 @@ namespace tracking {
 
 struct CaptureHandle::Impl {
   detail::WorldPtr world;
-};
-
-// What each replay touches, built once when the capture ended (immutable, shared with the
-// replays that are open).
-struct GraphReplay::Touched {
-  std::vector<at::Tensor> kept;          // over the storages kept for the graph's lifetime
-  std::vector<detail::Access> accesses;  // over `kept`
-  std::vector<detail::GraphLedger::Other> others;  // the rest, not kept (alive at the end)
-  std::vector<c10::Device> devices;  // of `kept` (the replay enters them into the pipeline)
-};
-
-struct CapturedGraph::Impl {
-  mutable std::mutex mutex;
-  std::shared_ptr<const GraphReplay::Touched> touched;  // (under mutex) nullptr once reset
 };
 
 namespace detail {
@@ -70,18 +57,6 @@ WorldPtr& thread_world() {
 
 uintptr_t key_of(const c10::Storage& s) {
   return reinterpret_cast<uintptr_t>(s.unsafeGetStorageImpl());
-}
-
-// A tensor over the whole of `storage` (bytes), made without the dispatcher.
-at::Tensor tensor_of(c10::Storage storage) {
-  const c10::Device device = storage.device();
-  const auto nbytes = static_cast<int64_t>(storage.nbytes());
-  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(storage),
-      c10::DispatchKeySet(c10::computeDispatchKey(std::nullopt, c10::kStrided, device)),
-      caffe2::TypeMeta::Make<uint8_t>());
-  t.unsafeGetTensorImpl()->set_sizes_contiguous({nbytes});
-  return t;
 }
 
 WorldPtr make_world(core::CaptureId id, const c10::Stream& origin) {
@@ -181,6 +156,17 @@ void idle_if_unwanted() {
 }
 
 }  // namespace
+
+at::Tensor tensor_of(c10::Storage storage) {
+  const c10::Device device = storage.device();
+  const auto nbytes = static_cast<int64_t>(storage.nbytes());
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage),
+      c10::DispatchKeySet(c10::computeDispatchKey(std::nullopt, c10::kStrided, device)),
+      caffe2::TypeMeta::Make<uint8_t>());
+  t.unsafeGetTensorImpl()->set_sizes_contiguous({nbytes});
+  return t;
+}
 
 CaptureWorld::CaptureWorld(core::CaptureId i, const c10::Stream& o)
     : id(i), origin(o), ledger(i, /*origin's id in st*/ 1) {
@@ -445,81 +431,6 @@ std::shared_ptr<CapturedGraph> capture_ended(const CaptureHandle* capture) {
 }
 
 void set_capture_aware(bool aware) { detail::g_aware.store(aware); }
-
-// ---- a captured graph and its replays
-// -------------------------------------------------------------
-
-CapturedGraph::CapturedGraph(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-CapturedGraph::~CapturedGraph() = default;
-
-size_t CapturedGraph::kept() const {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  return impl_->touched ? impl_->touched->kept.size() : 0;
-}
-
-void CapturedGraph::reset() {
-  std::shared_ptr<const GraphReplay::Touched> dropped;  // (freed after the lock)
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  dropped = std::move(impl_->touched);
-}
-
-GraphReplay::GraphReplay(const CapturedGraph& graph) {
-  using namespace detail;
-  if (!live()) {
-    return;
-  }
-  {
-    const CapturedGraph::Impl& g = graph.impl();
-    std::lock_guard<std::mutex> lock(g.mutex);
-    touched_ = g.touched;
-  }
-  if (!touched_) {
-    return;
-  }
-  const Touched& t = *touched_;
-  // The kept storages' accesses are built already; the others are looked up now, and a kept
-  // storage whose memory was let go (resized to nothing) is left out.
-  const bool all_data =
-      std::all_of(t.kept.begin(), t.kept.end(), [](const at::Tensor& k) { return has_data(k); });
-  const bool direct = all_data && t.others.empty();
-  std::vector<Access> some;
-  if (!direct) {
-    some.reserve(t.accesses.size() + t.others.size());
-    for (const Access& a : t.accesses) {
-      if (has_data(*a.tensor)) some.push_back(a);
-    }
-    others_.reserve(t.others.size());  // (Access points into it: no reallocation)
-    for (const GraphLedger::Other& o : t.others) {
-      c10::intrusive_ptr<c10::StorageImpl> impl = o.ref.lock();
-      if (impl && impl->data() != nullptr) {
-        others_.push_back(tensor_of(c10::Storage(std::move(impl))));
-        some.push_back(Access{&others_.back(), o.written});
-      }
-    }
-  }
-  const std::vector<Access>& accesses = direct ? t.accesses : some;
-  if (accesses.empty()) {
-    return;
-  }
-  count(&Counters::graph_replays);
-  if (in_pipeline()) {
-    for (const c10::Device& d : t.devices) enter_device(d);
-    for (const at::Tensor& o : others_) {
-      if (!o.device().is_cpu()) enter_device(o.device());
-    }
-  }
-  open_scope(accesses, launched_, period_, keep_alive_);
-}
-
-GraphReplay::~GraphReplay() { close(); }
-
-void GraphReplay::close() {
-  if (!launched_.empty()) {
-    detail::close_scope(launched_, period_, keep_alive_, nullptr, "a graph replay");
-  }
-  others_.clear();
-  touched_.reset();
-}
 
 }  // namespace tracking
 }  // namespace torch_pipeline

@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -89,11 +90,29 @@ bool captures_now(const c10::Stream& stream);
 // (the likely cause).
 void explain_failed_query(const char* what, const c10::Error& e, uint64_t period);
 
+// A tensor over the whole of `storage` (bytes), made without the dispatcher.
+at::Tensor tensor_of(c10::Storage storage);
+
 // In a forked child: no capture survives fork.
 void reset_captures_after_fork();
 // Captures registered now.
 size_t captures_underway();
 
 }  // namespace detail
+
+// What each replay touches, built once when the capture ended (immutable, shared with the
+// replays that are open).
+struct GraphReplay::Touched {
+  std::vector<at::Tensor> kept;          // over the storages kept for the graph's lifetime
+  std::vector<detail::Access> accesses;  // over `kept`
+  std::vector<detail::GraphLedger::Other> others;  // the rest, not kept (alive at the end)
+  std::vector<c10::Device> devices;  // of `kept` (the replay enters them into the pipeline)
+};
+
+struct CapturedGraph::Impl {
+  mutable std::mutex mutex;
+  std::shared_ptr<const GraphReplay::Touched> touched;  // (under mutex) nullptr once reset
+};
+
 }  // namespace tracking
 }  // namespace torch_pipeline
