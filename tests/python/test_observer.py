@@ -71,6 +71,48 @@ def test_callees_of_an_observed_op_are_not_observed() -> None:
     assert sim.races() == []
 
 
+def test_factories_and_copies_to_a_device_are_observed_by_the_unboxed_kernels() -> None:
+    """The unboxed kernels of the operators CPU code calls most (Note [Unboxed observer kernels])
+    run a call themselves only when it is host-only: a factory with a device argument and a copy
+    to a device are launches like any other, so another pipeline's read of what they made waits
+    for them (strict sim reports a race otherwise)."""
+    p1, p2 = tp.Pipeline(), tp.Pipeline()
+    src = torch.arange(float(N))
+    makers: Dict[str, Any] = {
+        "zeros": lambda: torch.zeros(N, device="sim:0"),
+        "ones": lambda: torch.ones(N, device="sim:0"),
+        "full": lambda: torch.full((N,), 3.0, device="sim:0"),
+        "arange": lambda: torch.arange(0, N, 1, dtype=torch.float32, device="sim:0"),
+        "empty + fill_": lambda: torch.empty(N, device="sim:0").fill_(2.0),
+        "to(device)": lambda: src.to("sim:0"),
+        "to(device, dtype)": lambda: src.to("sim:0", torch.float64),
+    }
+    for name, make in makers.items():
+        with tp.pipeline(p1):
+            x = make()
+        with tp.pipeline(p2):
+            y = x * 2
+        assert sim.races() == [], name
+        assert torch.equal(y.cpu(), make().cpu() * 2), name
+
+
+def test_host_only_ops_are_counted_once_and_pay_no_launch() -> None:
+    """A host-only call of a listed operator (torch.add of CPU tensors) counts as one observed op
+    and launches nothing; the same call on device tensors is launched."""
+    a, b = torch.ones(8), torch.ones(8)
+    p = tp.Pipeline()
+    stats = tp.tracking_stats()
+    for _ in range(10):
+        torch.add(a, b)
+    after = tp.tracking_stats()
+    assert after["ops"] - stats["ops"] == 10
+    assert after["launches"] == stats["launches"]
+    with tp.pipeline(p):
+        torch.add(a.to("sim:0"), b.to("sim:0"))
+    assert tp.tracking_stats()["launches"] > after["launches"]
+    assert sim.races() == []
+
+
 def _read_p_write_on(thread_body: Any, p: "tp.Pipeline") -> Dict[str, Any]:
     """p writes y; a thread runs thread_body(y) on the default stream; returns what it saw."""
     x = torch.ones(N, device="sim:0")

@@ -22,6 +22,7 @@
 //   for it reaches the fallback and then fails in the CPU kernel, as it would have failed here.
 // at::ThreadLocalState carries the key set, so the autograd engine's threads run a backward with
 // the key of the thread that called it.
+#include "observe_dispatch.h"
 #include "../warn.h"
 #include "observer.h"
 #include "state.h"
@@ -41,11 +42,6 @@ namespace tracking {
 namespace detail {
 
 namespace {
-
-constexpr c10::DispatchKey kObserverKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
-constexpr c10::DispatchKey kInnerKey = c10::DispatchKey::CustomRNGKeyId;
-constexpr c10::DispatchKeySet kBothKeys =
-    c10::DispatchKeySet(kObserverKey) | c10::DispatchKeySet(kInnerKey);
 
 // The sampled RecordFunction check of threads without the key: the share of events it sees, on
 // average, of every thread (set_unobserved_checks changes it for tests); and whether backends'
@@ -171,6 +167,11 @@ std::unique_ptr<at::ObserverContext> sampled_check(const at::RecordFunction& fn)
 
 }  // namespace
 
+void observe_boxed(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                   torch::jit::Stack* stack) {
+  observe_fallback<kObserverKey>(op, keys, stack);
+}
+
 bool register_dispatch_observer() {
   static const bool ok = [] {
     try {
@@ -179,6 +180,9 @@ bool register_dispatch_observer() {
       auto* inner = new torch::Library(torch::Library::IMPL, "_", kInnerKey, __FILE__, __LINE__);
       outer->fallback(torch::CppFunction::makeFromBoxedFunction<&observe_fallback<kObserverKey>>());
       inner->fallback(torch::CppFunction::makeFromBoxedFunction<&observe_fallback<kInnerKey>>());
+      auto* unboxed =
+          new torch::Library(torch::Library::IMPL, "aten", kObserverKey, __FILE__, __LINE__);
+      register_unboxed_kernels(*unboxed);
       return true;
     } catch (const std::exception& e) {
       warn(std::string("the dispatcher path of automatic synchronization is not available (") +

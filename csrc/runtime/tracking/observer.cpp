@@ -339,16 +339,14 @@ void end_op(c10::ArrayRef<c10::IValue> outputs, Tls& t) {
 
 }  // namespace
 
+bool host_memory_observed() {
+  return watching_host() || g_pins.load(std::memory_order_acquire) != 0;
+}
+
 bool host_only_op(c10::ArrayRef<c10::IValue> inputs) {
-  if (watching_host() || g_pins.load(std::memory_order_acquire) != 0) {
+  if (host_memory_observed()) {
     return false;
   }
-  // A CPU tensor that may stand for others (a wrapper subclass, a torch.func wrapper, sparse,
-  // nested): the full scan (op_start) decides. Read from the key set: no call per tensor.
-  static constexpr c10::DispatchKeySet kMayStandIn = c10::DispatchKeySet(
-      {c10::DispatchKey::Python, c10::DispatchKey::FuncTorchBatched,
-       c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::Functionalize,
-       c10::DispatchKey::Sparse, c10::DispatchKey::SparseCsr, c10::DispatchKey::NestedTensor});
   const bool found = std::any_of(inputs.begin(), inputs.end(), [](const c10::IValue& v) {
     if (v.isDevice()) {
       return !v.toDevice().is_cpu();

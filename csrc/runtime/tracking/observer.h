@@ -16,6 +16,7 @@
 
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
+#include <c10/core/DispatchKeySet.h>
 #include <c10/util/ArrayRef.h>
 
 #include <cstdint>
@@ -43,6 +44,14 @@ void op_end(Taken taken, c10::ArrayRef<c10::IValue> outputs);
 // tensor or device argument), no tensor without storage, no watched host memory, no pins. Such
 // an op needs nothing from the tracker, nor do the ops it calls (counted as an observed op).
 bool host_only_op(c10::ArrayRef<c10::IValue> inputs);
+// Whether CPU ops can matter to the tracker now: watched host memory or pinned tensors.
+bool host_memory_observed();
+// A CPU tensor that may stand for others (a wrapper subclass, a torch.func wrapper, sparse,
+// nested): not host-only, the full scan (op_start) decides. Read from the key set: no call.
+constexpr c10::DispatchKeySet kMayStandIn = c10::DispatchKeySet(
+    {c10::DispatchKey::Python, c10::DispatchKey::FuncTorchBatched,
+     c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::Functionalize,
+     c10::DispatchKey::Sparse, c10::DispatchKey::SparseCsr, c10::DispatchKey::NestedTensor});
 
 // Whether this thread is inside an observed op or a compiled region now.
 bool inside_observed_op();

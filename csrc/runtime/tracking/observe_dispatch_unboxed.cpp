@@ -1,0 +1,160 @@
+// The dispatcher path's unboxed kernels (Note [Unboxed observer kernels]): for the operators CPU
+// code calls most, a kernel at the observer's key that tells a host-only call from its unboxed
+// arguments and redispatches it unboxed; any other call goes to the boxed fallback
+// (observe_dispatch.cpp) as if no kernel were there. Touches nothing of the tracker's state.
+//
+// Note [Unboxed observer kernels]: a boxed fallback boxes every argument into a stack and the
+// kernel below unboxes it again: about 600 instructions on a CPU torch.add, half of what an
+// 8-element add costs. A host-only op (host_only_op: no device tensor or device argument, no
+// tensor that may stand for others, no watched host memory, no pins) needs nothing from the
+// tracker, so these kernels check the same on the arguments as they are and call the next
+// kernel directly. The list is what CPU-side code (data loading, metrics, the optimizer's CPU
+// state, the host side of copies) calls most; an operator not on it is observed exactly as
+// before, only boxed. Each argument type is one of the overloads of host_arg below, or a type
+// that holds no tensor and no device (kPlainArg): an operator whose schema holds another type
+// does not compile here, so no tensor can hide in an argument the check skips.
+#include "observe_dispatch.h"
+#include "observer.h"
+#include "state.h"
+
+#include <ATen/Functions.h>
+#include <ATen/core/boxing/impl/boxing.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <string_view>
+#include <type_traits>
+
+namespace torch_pipeline {
+namespace tracking {
+namespace detail {
+
+namespace {
+
+// Types that hold no tensor and no device.
+template <class T>
+struct PlainArg
+    : std::bool_constant<
+          std::is_arithmetic_v<T> || std::is_enum_v<T> || std::is_same_v<T, c10::Scalar> ||
+          std::is_same_v<T, c10::SymInt> || std::is_same_v<T, c10::IntArrayRef> ||
+          std::is_same_v<T, c10::SymIntArrayRef> || std::is_same_v<T, c10::string_view> ||
+          std::is_same_v<T, std::string_view> || std::is_same_v<T, at::Generator> ||
+          std::is_same_v<T, c10::OptionalArrayRef<int64_t>> ||
+          std::is_same_v<T, c10::OptionalArrayRef<c10::SymInt>>> {};
+template <class T>
+struct PlainArg<std::optional<T>> : PlainArg<T> {};
+template <class T>
+constexpr bool kPlainArg = PlainArg<std::remove_cv_t<std::remove_reference_t<T>>>::value;
+
+bool host_arg(const at::Tensor& t) {
+  if (!t.defined()) {
+    return true;
+  }
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  return impl->device_type() == c10::kCPU && (impl->key_set() & kMayStandIn).empty();
+}
+bool host_arg(const std::optional<at::Tensor>& t) { return !t.has_value() || host_arg(*t); }
+bool host_arg(at::TensorList ts) {
+  for (const at::Tensor& t : ts) {
+    if (!host_arg(t)) {
+      return false;
+    }
+  }
+  return true;
+}
+bool host_arg(const at::ITensorListRef& ts) {
+  for (const at::Tensor& t : ts) {
+    if (!host_arg(t)) {
+      return false;
+    }
+  }
+  return true;
+}
+bool host_arg(const c10::List<std::optional<at::Tensor>>& ts) {
+  for (const c10::IValue& v : ts.vec()) {
+    if (v.isTensor() && !host_arg(v.toTensor())) {
+      return false;
+    }
+  }
+  return true;
+}
+bool host_arg(at::Device d) { return d.is_cpu(); }
+bool host_arg(const std::optional<at::Device>& d) { return !d.has_value() || d->is_cpu(); }
+template <class T, std::enable_if_t<kPlainArg<T>, int> = 0>
+bool host_arg(const T&) {
+  return true;
+}
+
+template <class Op, class Sig = typename Op::schema>
+struct Unboxed;
+
+template <class Op, class Ret, class... Args>
+struct Unboxed<Op, Ret(Args...)> {
+  static Ret call(c10::DispatchKeySet keys, Args... args) {
+    const c10::DispatchKeySet below =
+        keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kObserverKey);
+    if (C10_UNLIKELY(!g_dispatch_observing.load(std::memory_order_acquire))) {
+      c10::impl::tls_set_dispatch_key_included(kObserverKey, false);  // (as the fallback does)
+      return Op::redispatch(below, std::forward<Args>(args)...);
+    }
+    if (!host_memory_observed() && (host_arg(args) && ...)) {
+      count(&Counters::ops);
+      c10::impl::ExcludeDispatchKeyGuard callees(kBothKeys);
+      return Op::redispatch(below, std::forward<Args>(args)...);
+    }
+    static const c10::OperatorHandle op =
+        c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+    return c10::impl::BoxedKernelWrapper<Ret(Args...)>::call(
+        c10::BoxedKernel::makeFromFunction<&observe_boxed>(), op, keys,
+        std::forward<Args>(args)...);
+  }
+};
+
+template <class Op>
+void add(torch::Library& lib) {
+  std::string name = Op::name;
+  if (*Op::overload_name != '\0') {
+    name = name + "." + Op::overload_name;
+  }
+  lib.impl(name.c_str(), torch::CppFunction::makeFromUnboxedFunction(TORCH_FN(Unboxed<Op>::call)));
+}
+
+template <class... Ops>
+void add_all(torch::Library& lib) {
+  (add<Ops>(lib), ...);
+}
+
+}  // namespace
+
+void register_unboxed_kernels(torch::Library& lib) {
+  namespace ops = at::_ops;
+  // Arithmetic and comparisons.
+  add_all<ops::add_Tensor, ops::add__Tensor, ops::add_Scalar, ops::add__Scalar, ops::sub_Tensor,
+          ops::sub__Tensor, ops::mul_Tensor, ops::mul__Tensor, ops::mul_Scalar, ops::mul__Scalar,
+          ops::div_Tensor, ops::div__Tensor, ops::div_Scalar, ops::div__Scalar, ops::neg,
+          ops::pow_Tensor_Scalar, ops::pow_Tensor_Tensor, ops::exp, ops::log, ops::sqrt, ops::rsqrt,
+          ops::abs, ops::clamp, ops::relu, ops::sigmoid, ops::tanh, ops::eq_Tensor, ops::eq_Scalar,
+          ops::ne_Scalar, ops::lt_Scalar, ops::le_Scalar, ops::gt_Scalar, ops::ge_Scalar,
+          ops::where_self, ops::masked_fill_Scalar, ops::addcmul_, ops::addcdiv_,
+          ops::lerp__Scalar>(lib);
+  // Reductions and linear algebra.
+  add_all<ops::sum, ops::sum_dim_IntList, ops::mean, ops::mean_dim, ops::max, ops::min, ops::argmax,
+          ops::mm, ops::bmm, ops::addmm, ops::matmul>(lib);
+  // Views, copies and shapes.
+  add_all<ops::view, ops::reshape, ops::t, ops::transpose_int, ops::permute, ops::select_int,
+          ops::slice_Tensor, ops::unsqueeze, ops::squeeze_dim, ops::expand, ops::contiguous,
+          ops::as_strided, ops::flatten_using_ints, ops::detach, ops::alias, ops::clone, ops::copy_,
+          ops::cat, ops::stack, ops::index_select, ops::index_Tensor, ops::_to_copy, ops::to_dtype,
+          ops::to_device, ops::to_dtype_layout, ops::lift_fresh, ops::item,
+          ops::_local_scalar_dense>(lib);
+  // Factories and fills.
+  add_all<ops::empty_memory_format, ops::empty_strided, ops::empty_like, ops::zeros_like,
+          ops::ones_like, ops::zeros, ops::ones, ops::full, ops::fill__Scalar, ops::zero_,
+          ops::arange_start_step, ops::normal_, ops::uniform_>(lib);
+}
+
+}  // namespace detail
+}  // namespace tracking
+}  // namespace torch_pipeline
