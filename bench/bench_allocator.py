@@ -1,8 +1,8 @@
 """Allocator safety: memory held by record_stream vs holding blocks until their use completes.
 
 A storage allocated on one stream and used on another must not be reused before that use has
-completed (docs/design.md §4, "allocator safety"). torch_pipeline's tracker can do it two ways
-(``tp._C._set_allocator_safety``, or TORCH_PIPELINE_ALLOCATOR_SAFETY):
+completed (docs/design.md, "The rules": allocator safety). torch_pipeline's tracker can do it two
+ways (``tp._C._set_allocator_safety``, or TORCH_PIPELINE_ALLOCATOR_SAFETY):
 
 * ``hold`` (default) -- keep a reference to the storage until an event after its use on the
                         other stream has completed (polled every few device launches and after

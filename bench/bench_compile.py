@@ -1,5 +1,5 @@
 """Compiled code and CUDA graphs under pipelines, next to the same code on the default pipeline
-(docs/design.md §4 "Compiled regions" and "Graph capture").
+(docs/design.md, "Compiled regions" and "Graph capture").
 
 What is measured, in one process, variants interleaved in rounds (``_harness.time_rounds``):
 

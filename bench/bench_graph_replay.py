@@ -1,4 +1,4 @@
-"""The tracker's cost of ordering a graph replay (docs/design.md §4 "Graph capture"), on the sim
+"""The tracker's cost of ordering a graph replay (docs/design.md, "Graph capture"), on the sim
 device's capture twin.
 
 A graph is captured inside a pipeline that reads ``--params`` parameter storages (made before

@@ -1,5 +1,5 @@
-"""Per-op cost of automatic synchronization (docs/design.md §4: "the tracker costs nothing measurable
-while no non-default pipeline is alive, and little when one is").
+"""Per-op cost of automatic synchronization (docs/design.md, "What observing costs"): nothing
+measurable while no non-default pipeline is alive, and the issue's targets while one is.
 
 What is measured: the wall time of ``torch.add(a, b)`` on small tensors (8 elements), in a tight
 Python loop, in these states:
@@ -12,10 +12,11 @@ Python loop, in these states:
 * ``live, in p``    -- the same inside ``with p:`` (the op on the pipeline's stream; devices
                        only, since CPU tensors have no streams)
 
-on CPU tensors; on sim tensors (the simulated accelerator of docs/design.md §5, whose ops cost a few
-microseconds, like a kernel launch); and on CUDA tensors when a GPU is present (there the loop
-only launches kernels: the ratio is the tracker's share of the launch cost). ``live`` and ``idle`` run interleaved in rounds in one process; ``not imported`` vs
-``idle`` alternate between two child processes, one round each per turn, and compare medians.
+on CPU tensors; on sim tensors (the simulated accelerator of docs/design.md, "The sim device", whose
+ops cost a few microseconds, like a kernel launch); and on CUDA tensors when a GPU is present (there
+the loop only launches kernels: the ratio is the tracker's share of the launch cost). ``live`` and
+``idle`` run interleaved in rounds in one process; ``not imported`` vs ``idle`` alternate between
+two child processes, one round each per turn, and compare medians.
 
 Two more rows on sim tensors:
 

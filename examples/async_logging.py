@@ -41,9 +41,9 @@ same numbers bit for bit), and exits with status 1 if not.
     python examples/async_logging.py [--steps N] [--log-latency-ms MS] [--device cpu|cuda|sim]
                                      [--width N] [--batch N] [--threads N] [--log-dir DIR] [--echo]
 
-``--device sim`` runs the sim device asynchronously (docs/design.md §5), every kernel taking
-``--sim-kernel-us`` on its stream's thread: ``loss.item()`` then stalls the loop as on a GPU,
-without one.
+``--device sim`` runs the sim device asynchronously (docs/design.md,
+"Asynchronous mode and the latency model"), every kernel taking ``--sim-kernel-us`` on its stream's
+thread: ``loss.item()`` then stalls the loop as on a GPU, without one.
 
 On the CPU the training uses CPUs - 1 intra-op threads by default (``--threads``), so that the
 logging thread has a core of its own; both runs use the same setting.

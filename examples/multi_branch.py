@@ -30,11 +30,11 @@ the pipelines over one stream (target >= 1.7x for latency-bound branches) and ov
 hand-written code (target: within 5%). It checks that all three compute the same output, bit for
 bit, and exits with status 1 if not.
 
-On a machine without a GPU it runs on the sim device (docs/design.md §5) in strict mode: there it shows
-that the pipelined forward is race-free (any race would raise) and bit-equal to one stream; the
-sim device executes eagerly, so it has no speed-up to show. ``--device sim-async`` runs the sim
-device asynchronously with every kernel taking ``--sleep-us`` on its stream's thread: there the
-speed-ups show without a GPU (still strict).
+On a machine without a GPU it runs on the sim device (docs/design.md, "The sim device") in strict
+mode: there it shows that the pipelined forward is race-free (any race would raise) and bit-equal to
+one stream; the sim device executes eagerly, so it has no speed-up to show. ``--device sim-async``
+runs the sim device asynchronously with every kernel taking ``--sleep-us`` on its stream's thread:
+there the speed-ups show without a GPU (still strict).
 
     python examples/multi_branch.py [--device cuda|sim|sim-async] [--depth N] [--width N] [--batch N]
                                     [--iters N] [--rounds N] [--sleep-us US]

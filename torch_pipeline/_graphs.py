@@ -1,4 +1,4 @@
-"""Graph capture under automatic synchronization (docs/design.md §4 "Graph capture").
+"""Graph capture under automatic synchronization (docs/design.md, "Graph capture").
 
 ``torch.cuda.graph`` (and CUDA graph trees, which ``torch.compile(mode="reduce-overhead")`` uses)
 capture through ``torch.cuda.CUDAGraph.capture_begin`` / ``capture_end`` and run the graph with

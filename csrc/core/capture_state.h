@@ -1,5 +1,5 @@
 // Plain C++17 (no torch includes). The tracker's view of graph captures (CUDA stream capture
-// under torch.cuda.graph, or the sim device's twin), docs/design.md §4 "Graph capture":
+// under torch.cuda.graph, or the sim device's twin), docs/design.md, "Graph capture":
 //
 // * QueryGate: whether a capture is underway (or about to begin) in the process. CUDA's default
 //   (global) capture mode makes every event or stream query and every synchronization illegal in

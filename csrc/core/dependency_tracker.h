@@ -1,7 +1,7 @@
-// Plain C++17 (no torch includes): the automatic-synchronization tracker (docs/design.md §4) over
-// abstract stream and storage ids. The runtime maps c10 streams and storages to these ids, asks
-// the tracker before every op which waits to insert, and reports the waits it inserts itself and
-// the completions the host observes. Thread-safe (one mutex).
+// Plain C++17 (no torch includes): the automatic-synchronization tracker (docs/design.md,
+// "Automatic synchronization") over abstract stream and storage ids. The runtime maps c10 streams
+// and storages to these ids, asks the tracker before every op which waits to insert, and reports
+// the waits it inserts itself and the completions the host observes. Thread-safe (one mutex).
 //
 // Model
 // -----
@@ -30,8 +30,8 @@
 // `history_limit` clock changes, to look up the clock of a past position named by waited() or
 // completed().
 //
-// Rules (docs/design.md §4)
-// --------------------
+// Rules (docs/design.md, "The rules" and "Deduplication")
+// --------------------------------------------------------
 //   - read after write: an op reading a storage on S waits for the storage's last writer;
 //   - write after read / write: an op writing a storage on S waits for the last writer and for
 //     every reader since that write;

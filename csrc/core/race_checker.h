@@ -1,5 +1,5 @@
-// Plain C++17 (no torch includes): the race checker of the sim device (csrc/sim; docs/design.md
-// §5).
+// Plain C++17 (no torch includes): the race checker of the sim device (csrc/sim; docs/design.md,
+// "The race checker").
 //
 // Vector clocks over "timelines": the host (timeline 0) and every sim stream. Enqueueing an op on a
 // stream joins the host clock into the stream's and starts a new epoch of the stream; recording an

@@ -1,5 +1,5 @@
 // Plain C++17 (no torch includes): the device queue of one simulated stream (the sim device's
-// asynchronous mode, docs/design.md §5).
+// asynchronous mode, docs/design.md, "Asynchronous mode and the latency model").
 //
 // Work enqueued on a StreamQueue runs on the queue's own thread, in FIFO order, like kernels on a
 // CUDA stream. Every entry gets a sequence number (1, 2, ...); completed() is the number of the

@@ -1,4 +1,4 @@
-// Graph capture (docs/design.md §4 "Graph capture"): the hooks torch_pipeline/_graphs.py calls
+// Graph capture (docs/design.md, "Graph capture"): the hooks torch_pipeline/_graphs.py calls
 // around a capture's begin and end, the captured graph it attaches to the graph object, and
 // replays. Binds tracking.h only.
 #include "bindings.h"

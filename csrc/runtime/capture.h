@@ -1,4 +1,4 @@
-// Graph capture, as the backends report it (docs/design.md §4 "Graph capture"): a backend that
+// Graph capture, as the backends report it (docs/design.md, "Graph capture"): a backend that
 // can capture streams into graphs (CUDA, in csrc/cuda; the sim device's twin, in csrc/sim)
 // registers a probe that says whether a stream is capturing and into which capture. The runtime
 // and the tracker ask only through here, so the CPU build links without CUDA.

@@ -1,5 +1,6 @@
-// The thread-local current pipeline (docs/design.md §3: thread-local, nests, restored on exit even
-// when the body raises) and the torch current streams that follow it.
+// The thread-local current pipeline (docs/design.md, "The Python API and the rules users rely on":
+// thread-local, nests, restored on exit even when the body raises) and the torch current streams
+// that follow it.
 #pragma once
 
 #include "pipeline.h"

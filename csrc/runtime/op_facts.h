@@ -1,8 +1,9 @@
-// Per-operator facts, read once from the operator's schema and cached (docs/design.md §4: "cache
-// per-operator schema facts"). The one source of what an op touches for both the tracker (which
-// looks ops up from a RecordFunction) and the sim device's kernels and race checker (which look
-// them up from an OperatorHandle or an OperatorName): every lookup of one operator returns the
-// same OpFacts object, so the two never disagree about whether an op touches memory.
+// Per-operator facts, read once from the operator's schema and cached (docs/design.md,
+// "The tracker's rooms": "cache per-operator schema facts"). The one source of what an op touches
+// for both the tracker (which looks ops up from a RecordFunction) and the sim device's kernels and
+// race checker (which look them up from an OperatorHandle or an OperatorName): every lookup of one
+// operator returns the same OpFacts object, so the two never disagree about whether an op touches
+// memory.
 #pragma once
 
 #include <ATen/core/alias_info.h>
@@ -36,7 +37,7 @@ struct OpFacts {
   std::vector<uint8_t> aliased_return;
   // The op may give a written argument new memory: resize_, resize_as_, and out= ops (they resize
   // an out argument of the wrong size). Its old block is freed inside the op (allocator safety of
-  // the old block, docs/design.md §4).
+  // the old block, docs/design.md, "The rules").
   bool may_move = false;
   // The host waits for the result, like CUDA's .item() or nonzero: an op returning host values
   // (not tensors, not torchbind objects such as a c10d Work), or one listed in op_facts.cpp whose

@@ -1,4 +1,5 @@
-// Pipelines: cross-device lanes of streams bound to a worker thread (docs/design.md §2).
+// Pipelines: cross-device lanes of streams bound to a worker thread (docs/design.md,
+// "Concepts").
 //
 // A PipelineImpl is shared (std::shared_ptr) by everything that keeps the pipeline alive: its
 // Python object, every open context that entered it, every queued or running task. When the last

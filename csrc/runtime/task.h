@@ -1,4 +1,5 @@
-// The device side of a task submitted to a pipeline (docs/design.md §3, §4 "tasks"):
+// The device side of a task submitted to a pipeline (docs/design.md,
+// "The Python API and the rules users rely on" and "The rules"):
 // - the submitter's position: events on the submitter's current streams, which the task's streams
 //   wait for before the task runs;
 // - the task's end: events on the task's streams, which a waiter's current streams wait for;

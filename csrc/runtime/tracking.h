@@ -1,5 +1,6 @@
-// Automatic synchronization (docs/design.md §4): the core DependencyTracker bound to c10. The one
-// public header of the tracker; its rooms live in csrc/runtime/tracking/ (see state.h there).
+// Automatic synchronization (docs/design.md, "Automatic synchronization"): the core
+// DependencyTracker bound to c10. The one public header of the tracker; its rooms live in
+// csrc/runtime/tracking/ (see state.h there).
 //
 // While tracking is live, the observer sees the outermost op of every observed thread (autograd
 // engine threads included) before it launches, with its inputs, the arguments its schema marks
@@ -88,17 +89,17 @@ void device_op_seen(const char* op);
 void set_enabled(bool enabled);
 bool enabled();
 
-// Allocator safety (docs/design.md §4): a storage used on a stream other than its allocation stream
-// is kept from reuse until that use completes, either by keeping a reference until an event after
-// the use has completed (kKeepAlive, the default; polled every few device launches and after
-// synchronize: the memory returns once the use is done, however deep the using stream's queue is,
-// as ProcessGroupNCCL's tensor stashing does) or by the caching allocator's record_stream
-// (kRecordStream: when the storage is freed the allocator records an event on the using stream and
-// reuses the block once all the work queued there then has completed). bench/bench_allocator.py
-// compares them; README.md says why keeping alive is the default. Storages whose allocation stream
-// is unknown (made before tracking went live, or outside any op) always use record_stream.
-// TORCH_PIPELINE_ALLOCATOR_SAFETY=keep_alive|record_stream sets the initial mode (read on first
-// use; "hold" is accepted as an old name of keep_alive).
+// Allocator safety (docs/design.md, "The rules"): a storage used on a stream other than its
+// allocation stream is kept from reuse until that use completes, either by keeping a reference
+// until an event after the use has completed (kKeepAlive, the default; polled every few device
+// launches and after synchronize: the memory returns once the use is done, however deep the using
+// stream's queue is, as ProcessGroupNCCL's tensor stashing does) or by the caching allocator's
+// record_stream (kRecordStream: when the storage is freed the allocator records an event on the
+// using stream and reuses the block once all the work queued there then has completed).
+// bench/bench_allocator.py compares them; README.md says why keeping alive is the default. Storages
+// whose allocation stream is unknown (made before tracking went live, or outside any op) always use
+// record_stream. TORCH_PIPELINE_ALLOCATOR_SAFETY=keep_alive|record_stream sets the initial mode
+// (read on first use; "hold" is accepted as an old name of keep_alive).
 enum class AllocatorSafety { kKeepAlive, kRecordStream };
 void set_allocator_safety(AllocatorSafety safety);
 AllocatorSafety allocator_safety();
@@ -158,11 +159,12 @@ using Step = std::function<bool(std::chrono::milliseconds)>;
 using BlockingWait = std::function<void(const Step&)>;
 void set_blocking_wait(BlockingWait wait);
 
-// External waits (docs/design.md §4: "a stream never waits twice for the same producer position"):
-// where the runtime itself makes a stream wait for an event (PipelineEvent.wait, a task's streams
-// waiting for the submitter, future.wait()), it takes a mark of the recorded stream just before
-// recording the event and reports the wait with it, so the tracker inserts no wait the event
-// already implies. Marks of another live period (or taken while idle) are ignored.
+// External waits (docs/design.md, "Deduplication": "a stream never waits twice for the same
+// producer position"): where the runtime itself makes a stream wait for an event
+// (PipelineEvent.wait, a task's streams waiting for the submitter, future.wait()), it takes a mark
+// of the recorded stream just before recording the event and reports the wait with it, so the
+// tracker inserts no wait the event already implies. Marks of another live period (or taken while
+// idle) are ignored.
 struct Mark {
   uint64_t period = 0;  // the live period the mark was taken in (0: none)
   core::StreamId stream = 0;
@@ -258,7 +260,7 @@ class CompiledRegion {
   std::vector<at::Tensor> fresh_;
 };
 
-// ---- Graph capture (docs/design.md §4 "Graph capture") ----------------------------------------
+// ---- Graph capture (docs/design.md, "Graph capture") ------------------------------------------
 // The Python layer calls these around a capture's begin and end (torch.cuda.CUDAGraph's and
 // torch.accelerator.Graph's capture_begin / capture_end, and sim.Graph's). While a capture is
 // underway no event or stream is queried or synchronized by the tracker (polls pause, in every
@@ -350,9 +352,9 @@ class GraphReplay {
 // them: polls do not pause, captured ops are tracked as run), so tests show what goes wrong.
 void set_capture_aware(bool aware);
 
-// The tensors of a submitted task (docs/design.md §3): until release(), a write to their storages
-// from a thread other than the task's worker thread waits for release(), unless it is the task's
-// own work (see Running). Keeps tracking live.
+// The tensors of a submitted task (docs/design.md, "The Python API and the rules users rely on"):
+// until release(), a write to their storages from a thread other than the task's worker thread
+// waits for release(), unless it is the task's own work (see Running). Keeps tracking live.
 class TaskPins {
  public:
   // Made where the task is submitted: a task submitted by a running task inherits its Running set.

@@ -1,5 +1,6 @@
-// Blocking waits of the runtime: for tasks, pipelines and devices (docs/design.md §3:
-// Pipeline.query/synchronize, torch_pipeline.synchronize, TaskFuture.wait, the exit drain).
+// Blocking waits of the runtime: for tasks, pipelines and devices (docs/design.md,
+// "The Python API and the rules users rely on": Pipeline.query/synchronize,
+// torch_pipeline.synchronize, TaskFuture.wait, the exit drain).
 //
 // Every wait goes through block_until(), which runs a wait step until it reports done. The Python
 // layer installs the blocking hook (csrc/python/gil.h): it lets go of the GIL while a step runs

@@ -1,5 +1,5 @@
-// The sim device's twin of CUDA stream capture in its global mode (docs/design.md §5 "Graph
-// capture twin"), so the tracker's capture rules are tested without a GPU:
+// The sim device's twin of CUDA stream capture in its global mode (docs/design.md,
+// "Graph capture twin"), so the tracker's capture rules are tested without a GPU:
 //
 // * begin_capture(s) starts a capture on a non-default sim stream; end_capture(s) ends it on the
 //   same stream and returns a Graph. Ops keep running eagerly (the twin records no kernels), but

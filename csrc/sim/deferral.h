@@ -1,12 +1,13 @@
-// The boxed fallback's deferral in asynchronous mode (docs/design.md §5): an op on sim tensors is
-// queued on its stream instead of run. Its outputs' sizes, strides and dtypes come from running
-// the op on meta tensors of the same layout; the sim outputs are allocated on the current stream
-// at once, and the queued kernel runs the CPU kernel on CPU aliases of the inputs (that do not own
-// the sim memory) and copies its results into the outputs (in-place and out= ops write directly).
-// An op whose outputs cannot be known without its data (no meta kernel, data-dependent sizes,
-// host results, random numbers, an out= argument it resizes, a result that is a view of an
-// input, non-scalar CPU tensor arguments) is not deferred: the fallback then waits for the
-// stream and runs it at once, like CUDA's syncing ops.
+// The boxed fallback's deferral in asynchronous mode (docs/design.md,
+// "Asynchronous mode and the latency model"): an op on sim tensors is queued on its stream instead
+// of run. Its outputs' sizes, strides and dtypes come from running the op on meta tensors of the
+// same layout; the sim outputs are allocated on the current stream at once, and the queued kernel
+// runs the CPU kernel on CPU aliases of the inputs (that do not own the sim memory) and copies its
+// results into the outputs (in-place and out= ops write directly). An op whose outputs cannot be
+// known without its data (no meta kernel, data-dependent sizes, host results, random numbers, an
+// out= argument it resizes, a result that is a view of an input, non-scalar CPU tensor arguments)
+// is not deferred: the fallback then waits for the stream and runs it at once, like CUDA's syncing
+// ops.
 #pragma once
 
 #include "race_checker.h"

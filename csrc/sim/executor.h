@@ -1,5 +1,6 @@
-// The sim device's asynchronous mode (docs/design.md §5): each stream gets a FIFO queue run by a
-// thread of its own (core::StreamQueue, made lazily); ops return once their kernel is queued.
+// The sim device's asynchronous mode (docs/design.md, "Asynchronous mode and the latency model"):
+// each stream gets a FIFO queue run by a thread of its own (core::StreamQueue, made lazily); ops
+// return once their kernel is queued.
 //
 // In synchronous mode (the default) every function here runs the work at once on the calling
 // thread, positions are 0 and every wait returns at once. Kernels that raise on a stream's thread

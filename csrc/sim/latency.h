@@ -1,4 +1,5 @@
-// The sim device's latency model (docs/design.md §5): how long a kernel takes on the device.
+// The sim device's latency model (docs/design.md, "Asynchronous mode and the latency model"): how
+// long a kernel takes on the device.
 //
 // A kernel that touches `bytes` of device memory takes launch_us + bytes / bandwidth, or the
 // time set for its op by name (for tests). Defaults: 0 and no bandwidth term, so nothing waits.

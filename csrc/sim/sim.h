@@ -1,6 +1,7 @@
-// The sim device (docs/design.md §5): PyTorch's PrivateUse1 backend, renamed "sim" by the Python
-// layer, with host memory, a CUDA-like caching allocator, logical streams and events, eager CPU
-// kernels and a race checker (race_checker.h) that sees every access of every op.
+// The sim device (docs/design.md, "The sim device"): PyTorch's PrivateUse1 backend, renamed "sim"
+// by the Python layer, with host memory, a CUDA-like caching allocator, logical streams and
+// events, eager CPU kernels and a race checker (race_checker.h) that sees every access of every
+// op.
 //
 // Nothing is registered with PyTorch until enable() runs. This header is what the bindings use.
 #pragma once

@@ -1,5 +1,6 @@
-"""Random single-thread programs over several pipelines and two devices (docs/design.md §4: "a program
-using any pipelines computes bit-for-bit what it computes when every pipeline is the default one").
+"""Random single-thread programs over several pipelines and two devices (docs/design.md,
+"Automatic synchronization"): a program using any pipelines computes bit for bit what it computes
+when every pipeline is the default one.
 
 A program is a list of steps ``(pipeline index, op, operands)`` over a few tensor slots; run it
 with four pipelines (index 0 is always the default pipeline) or with ``[None] * 4`` for the

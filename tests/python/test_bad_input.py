@@ -1,5 +1,5 @@
 """Bad input raises a clear Python exception that says what was expected; it never crashes or
-hangs (docs/design.md §3, "Rules that users rely on")."""
+hangs (docs/design.md, "The Python API and the rules users rely on")."""
 from __future__ import annotations
 
 import os
@@ -49,7 +49,7 @@ BAD_INPUTS: list[BadInput] = [
              r"worker thread id 1000000 is out of range: the cap is \d+"),
     BadInput("Pipeline(cap)", lambda p: tp.Pipeline(_cap()), ValueError,
              r"out of range: the cap is \d+ worker threads.*set_max_worker_threads"),
-    # an id that does not fit in 64 bits must still name the cap (DESIGN §2)
+    # an id that does not fit in 64 bits must still name the cap (docs/design.md, "Concepts")
     BadInput("Pipeline(10**30)", lambda p: tp.Pipeline(10**30), ValueError,
              r"out of range.*the cap is \d+"),
     BadInput("Pipeline(priority='high')", lambda p: tp.Pipeline(priority="high"), TypeError,

@@ -1,5 +1,5 @@
-"""Graph capture under pipelines on the sim device's capture twin (docs/design.md §4 "Graph
-capture", §5 "Graph capture twin").
+"""Graph capture under pipelines on the sim device's capture twin (docs/design.md, "Graph capture"
+and "Graph capture twin").
 
 The twin behaves like CUDA's global capture mode where the tracker is concerned: while a capture
 is underway any event or stream query and any host synchronization in the process raises and

@@ -1,4 +1,4 @@
-"""CUDA graphs under pipelines (docs/design.md §4 "Graph capture"): the GPU half of
+"""CUDA graphs under pipelines (docs/design.md, "Graph capture"): the GPU half of
 test_capture.py, which runs the same rules on the sim device's capture twin.
 
 ``torch.cuda.graph`` captures inside a pipeline and across two pipelines (a side pipeline forked

@@ -1,5 +1,5 @@
-"""Memory stays flat over many Pipeline lifetimes and tasks; slots are reused (docs/design.md §2:
-pipelines whose lifetimes do not overlap get the same slot, smallest free first)."""
+"""Memory stays flat over many Pipeline lifetimes and tasks; slots are reused (docs/design.md,
+"Concepts": pipelines whose lifetimes do not overlap get the same slot, smallest free first)."""
 from __future__ import annotations
 
 import gc

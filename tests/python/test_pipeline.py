@@ -1,4 +1,5 @@
-"""The Pipeline API promises of docs/design.md §2-§3 that hold on any machine (CPU here)."""
+"""The Pipeline API promises of docs/design.md, "Concepts" and
+"The Python API and the rules users rely on", that hold on any machine (CPU here)."""
 from __future__ import annotations
 
 import gc

@@ -1,4 +1,4 @@
-"""The sim device (docs/design.md §5): a race-detecting simulated accelerator.
+"""The sim device (docs/design.md, "The sim device"): a race-detecting simulated accelerator.
 
 Plain PyTorch programs (no torch_pipeline pipelines unless a test says so), each asserting the race
 checker's verdict both ways: the racy program is reported, the correctly synchronized one is not.

@@ -1,4 +1,5 @@
-"""The sim device's asynchronous mode and latency model (docs/design.md §5) on the sim device.
+"""The sim device's asynchronous mode and latency model (docs/design.md,
+"Asynchronous mode and the latency model") on the sim device.
 
 Each stream runs its kernels on a thread of its own, a modelled time after they were queued, so a
 missing wait gives WRONG values, deterministically: the tests give the producer (or the slow

@@ -103,7 +103,7 @@ for t in threads:
 p = tp.Pipeline()
 # Each thread re-reads torch's callback registry (under torch's lock) at its first op after
 # tracking went live: a fork during that re-read hangs the child inside torch, whatever this
-# package does (docs/design.md §10). Fork once every thread is past it.
+# package does (docs/design.md, "Fork"). Fork once every thread is past it.
 launch(p).wait()
 while min(rounds) < 2 and not errors:
     time.sleep(0.001)

@@ -1,4 +1,5 @@
-"""The sim device is the CPU's twin on PyTorch's whole operator database (docs/design.md §5).
+"""The sim device is the CPU's twin on PyTorch's whole operator database (docs/design.md,
+"What it simulates").
 
 Every OpInfo op and variant of ``op_db``, for float32, float64, int64, bool, bfloat16, float16 and
 complex64, up to three samples each: results, gradients (where OpInfo says the op supports

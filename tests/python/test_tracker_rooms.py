@@ -247,7 +247,7 @@ while not live():
     time.sleep(0.001)
 # Each thread re-reads torch's callback registry (under torch's lock) at its first op after the
 # callback was added: a fork during that re-read copies the lock held, and the child hangs in
-# torch. Let both threads get past it first (a hazard of torch's, see docs/design.md §10).
+# torch. Let both threads get past it first (a hazard of torch's, see docs/design.md, "Fork").
 torch.ones(1) + 1
 ops = tp.tracking_stats()["ops"]
 while tp.tracking_stats()["ops"] < ops + 20:

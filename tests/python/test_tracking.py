@@ -1,12 +1,14 @@
-"""Automatic synchronization (docs/design.md §4) on the sim device in strict mode.
+"""Automatic synchronization (docs/design.md, "Automatic synchronization") on the sim device in
+strict mode.
 
-Each rule of §4 gets a minimal program that runs clean (strict mode would raise sim.RaceError on a
-race) with tracking on, and whose twin with tracking switched off (the test-only switch
-``_C._set_tracking_enabled(False)``) reports the race: the tests fail when the behaviour is
-removed. Then: a training step split across pipelines, cross-device copies, non_blocking copies to
-the host, memory freed after a cross-stream use, tp.track for kernels the dispatcher never sees,
-tensors passed to submit, and a few hundred random programs whose values equal the same program on
-the default pipeline, with zero races, while the same programs untracked do race.
+Each rule (docs/design.md, "The rules") gets a minimal program that runs clean (strict mode would
+raise sim.RaceError on a race) with tracking on, and whose twin with tracking switched off (the
+test-only switch ``_C._set_tracking_enabled(False)``) reports the race: the tests fail when the
+behaviour is removed. Then: a training step split across pipelines, cross-device copies,
+non_blocking copies to the host, memory freed after a cross-stream use, tp.track for kernels the
+dispatcher never sees, tensors passed to submit, and a few hundred random programs whose values
+equal the same program on the default pipeline, with zero races, while the same programs untracked
+do race.
 
 Runs in a child process of its own (see _sim_child.py): enabling sim is process-wide.
 """

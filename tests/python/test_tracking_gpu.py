@@ -1,11 +1,11 @@
 """GPU twins of the automatic-synchronization tests (test_tracking.py runs them on the sim device).
 
-Each rule of docs/design.md §4 gets a program whose race window is opened with a calibrated
-torch.cuda._sleep: with tracking it computes the right value; with tracking switched off (the
-test-only switch) the same program computes a wrong one, so the test fails when the behaviour is
-removed. The random programs of _programs.py run under PyTorch's CUDA sanitizer
-(TORCH_CUDA_SANITIZER=1), which must report nothing, and report races when tracking is off.
-Skipped without a GPU; run by scripts/gpu_check.sh.
+Each rule of docs/design.md, "The rules", gets a program whose race window is opened with a
+calibrated torch.cuda._sleep: with tracking it computes the right value; with tracking switched off
+(the test-only switch) the same program computes a wrong one, so the test fails when the behaviour
+is removed. The random programs of _programs.py run under PyTorch's CUDA sanitizer
+(TORCH_CUDA_SANITIZER=1), which must report nothing, and report races when tracking is off. Skipped
+without a GPU; run by scripts/gpu_check.sh.
 """
 from __future__ import annotations
 

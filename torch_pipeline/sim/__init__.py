@@ -1,4 +1,5 @@
-"""The sim device: a simulated accelerator that detects stream races (docs/design.md §5).
+"""The sim device: a simulated accelerator that detects stream races (docs/design.md,
+"The sim device").
 
 PyTorch's PrivateUse1 backend, renamed ``"sim"``, written in C++ (``csrc/sim``): devices
 ``sim:0 .. sim:N-1`` over host memory, an allocator that caches and reuses blocks per stream like

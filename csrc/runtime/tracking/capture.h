@@ -1,4 +1,4 @@
-// Internal to the tracker. The capture room (docs/design.md §4 "Graph capture"): binds
+// Internal to the tracker. The capture room (docs/design.md, "Graph capture"): binds
 // core/capture_state.h to c10. A capture begun through the hooks (tracking.h: capture_prepare,
 // capture_begun) is a CaptureWorld: a LiveState of its own, in which the ops captured into the
 // graph get positions (they do not run now), so the waits the tracker inserts between them are

@@ -107,7 +107,7 @@ void maybe_poll_locked(LiveState& st, std::vector<c10::Storage>& released) {
 
 // Queries the event after the oldest kept use of each stream (and the newest, first); records one
 // if the stream has none after it. Nothing while a graph capture is underway in the process, or
-// about to begin (docs/design.md §4 "Graph capture"): the kept storages wait for the next poll
+// about to begin (docs/design.md, "Graph capture"): the kept storages wait for the next poll
 // after it. A query that fails (a capture begun without the hooks) is warned about.
 void poll_locked(LiveState& st, std::vector<c10::Storage>& released) {
   st.launches_since_poll = 0;

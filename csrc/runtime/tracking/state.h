@@ -82,8 +82,8 @@ uint64_t total(Counter counter);
 // In a forked child: the blocks of the parent's other threads stay counted; the lock is new.
 void reset_counters_after_fork();
 
-// A gap (docs/design.md §4, "no silent gaps"): an op on a device whose accesses the tracker
-// cannot account for. Counted, its name kept, and warned about once per operator name.
+// A gap (docs/design.md, "Coverage: no silent gaps"): an op on a device whose accesses the
+// tracker cannot account for. Counted, its name kept, and warned about once per operator name.
 void report_gap(const std::string& op, const std::string& why);
 std::vector<std::string> gap_ops();
 
