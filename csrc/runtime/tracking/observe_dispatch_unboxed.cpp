@@ -33,7 +33,7 @@ namespace detail {
 
 namespace {
 
-// Types that hold no tensor and no device.
+// Types that hold no tensor and no device (a generator's device is not where the op runs).
 template <class T>
 struct PlainArg
     : std::bool_constant<
@@ -73,8 +73,8 @@ bool host_arg(const at::ITensorListRef& ts) {
   return true;
 }
 bool host_arg(const c10::List<std::optional<at::Tensor>>& ts) {
-  for (const c10::IValue& v : ts.vec()) {
-    if (v.isTensor() && !host_arg(v.toTensor())) {
+  for (size_t i = 0; i < ts.size(); ++i) {
+    if (!host_arg(ts.get(i))) {
       return false;
     }
   }
