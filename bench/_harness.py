@@ -78,6 +78,12 @@ def median(xs: Sequence[float]) -> float:
     return statistics.median(xs)
 
 
+def paired_ratios(samples: Dict[str, List[float]], numerator: str, denominator: str) -> List[float]:
+    """Per-round ratios numerator/denominator, sorted: time_rounds runs both in every round, so a
+    round's ratio cancels the machine's slow drift, which the ratio of medians does not."""
+    return sorted(a / b for a, b in zip(samples[numerator], samples[denominator]))
+
+
 def print_table(samples: Dict[str, List[float]], unit: str = "ns", scale: float = 1.0) -> None:
     width = max(len(n) for n in samples)
     print(f"{'variant':<{width}}  {'median':>11}  {'min':>11}  {'max':>11}   ({unit} per op)")

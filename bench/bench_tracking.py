@@ -61,6 +61,7 @@ from _harness import (  # noqa: E402
     environment_line,
     finish,
     median,
+    paired_ratios,
     print_table,
     record,
     time_rounds,
@@ -325,6 +326,9 @@ def main(argv: List[str]) -> int:
         print(f"{'PASS' if passed else 'FAIL'}  host cost per observed op: {per_op_us:.2f} us "
               f"({ops:.0f} observed ops per step; target <= 1.5 us)")
         ok &= passed
+        paired = paired_ratios(model, "two pipelines", "default pipeline")
+        print(f"(paired per round: median {median(paired):.2f}x, range {paired[0]:.2f}x-"
+              f"{paired[-1]:.2f}x over {len(paired)} rounds; the machine's drift cancels)")
         rf_us = (median(model[RF_VARIANT]) - base) / ops / 1e3
         print(f"(the RecordFunction path: {median(model[RF_VARIANT]) / base:.2f}x, "
               f"{rf_us:.2f} us per observed op; reported, no target)")
