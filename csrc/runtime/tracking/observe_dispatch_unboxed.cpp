@@ -48,13 +48,7 @@ struct PlainArg<std::optional<T>> : PlainArg<T> {};
 template <class T>
 constexpr bool kPlainArg = PlainArg<std::remove_cv_t<std::remove_reference_t<T>>>::value;
 
-bool host_arg(const at::Tensor& t) {
-  if (!t.defined()) {
-    return true;
-  }
-  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  return impl->device_type() == c10::kCPU && (impl->key_set() & kMayStandIn).empty();
-}
+bool host_arg(const at::Tensor& t) { return host_tensor(t); }
 bool host_arg(const std::optional<at::Tensor>& t) { return !t.has_value() || host_arg(*t); }
 bool host_arg(at::TensorList ts) {
   for (const at::Tensor& t : ts) {

@@ -351,10 +351,7 @@ bool host_only_op(c10::ArrayRef<c10::IValue> inputs) {
     if (v.isDevice()) {
       return !v.toDevice().is_cpu();
     }
-    return for_each_tensor(v, [](const at::Tensor& x) {
-      const c10::TensorImpl* impl = x.unsafeGetTensorImpl();
-      return impl->device_type() != c10::kCPU || !(impl->key_set() & kMayStandIn).empty();
-    });
+    return for_each_tensor(v, [](const at::Tensor& x) { return !host_tensor(x); });
   });
   if (found) {
     return false;

@@ -46,12 +46,20 @@ void op_end(Taken taken, c10::ArrayRef<c10::IValue> outputs);
 bool host_only_op(c10::ArrayRef<c10::IValue> inputs);
 // Whether CPU ops can matter to the tracker now: watched host memory or pinned tensors.
 bool host_memory_observed();
-// A CPU tensor that may stand for others (a wrapper subclass, a torch.func wrapper, sparse,
-// nested): not host-only, the full scan (op_start) decides. Read from the key set: no call.
-constexpr c10::DispatchKeySet kMayStandIn = c10::DispatchKeySet(
-    {c10::DispatchKey::Python, c10::DispatchKey::FuncTorchBatched,
-     c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::Functionalize,
-     c10::DispatchKey::Sparse, c10::DispatchKey::SparseCsr, c10::DispatchKey::NestedTensor});
+// Whether `t` is, for host_only_op and the unboxed kernels alike, a plain CPU tensor (or
+// undefined). A CPU tensor that may stand for others (a wrapper subclass, a torch.func wrapper,
+// sparse, nested) is not: the full scan (op_start) decides. Read from the key set: no call.
+inline bool host_tensor(const at::Tensor& t) {
+  static constexpr c10::DispatchKeySet kMayStandIn = c10::DispatchKeySet(
+      {c10::DispatchKey::Python, c10::DispatchKey::FuncTorchBatched,
+       c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::Functionalize,
+       c10::DispatchKey::Sparse, c10::DispatchKey::SparseCsr, c10::DispatchKey::NestedTensor});
+  if (!t.defined()) {
+    return true;
+  }
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  return impl->device_type() == c10::kCPU && (impl->key_set() & kMayStandIn).empty();
+}
 
 // Whether this thread is inside an observed op or a compiled region now.
 bool inside_observed_op();
