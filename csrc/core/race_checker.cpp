@@ -102,7 +102,7 @@ void RaceChecker::erase(const Hit& hit) {
 }
 
 std::vector<Race> RaceChecker::record_op(Timeline t, const std::string& op,
-                                         const std::vector<Access>& accesses) {
+                                         const std::vector<Access>& accesses, Site site) {
   std::lock_guard<std::mutex> lock(mutex_);
   check_timeline(t);
   for (const Access& a : accesses) {
@@ -148,6 +148,8 @@ std::vector<Race> RaceChecker::record_op(Timeline t, const std::string& op,
       race.later_op = op;
       race.later_timeline = labels_[static_cast<size_t>(t)];
       race.later_write = a.write;
+      race.earlier_site = r.site;
+      race.later_site = site;
       found.push_back(std::move(race));
     }
   }
@@ -166,7 +168,7 @@ std::vector<Race> RaceChecker::record_op(Timeline t, const std::string& op,
         erase(hit);
       }
     }
-    insert(Record{a.begin, a.end, t, epoch, a.write, op});
+    insert(Record{a.begin, a.end, t, epoch, a.write, op, site});
   }
 
   races_.insert(races_.end(), found.begin(), found.end());

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -39,6 +40,14 @@ inline uint64_t clock_entry(const VectorClock& clock, Timeline t) {
   return t >= 0 && i < clock.size() ? clock[i] : 0;
 }
 
+// Where an access was made (e.g. a captured Python stack), opaque to the checker: it keeps the
+// site with the access's history record and hands both sites of a race to its reporter. Sites
+// are only given in the report mode that asks for them (capturing one costs more than an op).
+struct AccessSite {
+  virtual ~AccessSite() = default;
+};
+using Site = std::shared_ptr<const AccessSite>;
+
 struct Access {
   uintptr_t begin = 0;  // byte range [begin, end) of device memory
   uintptr_t end = 0;
@@ -56,6 +65,8 @@ struct Race {
   std::string later_op;
   std::string later_timeline;
   bool later_write = false;
+  Site earlier_site;  // null unless the accesses were recorded with sites
+  Site later_site;
   // One line naming both ops, their streams, read/write, and the memory.
   std::string to_string() const;
 };
@@ -71,8 +82,9 @@ class RaceChecker {
   // An op enqueued on stream `t`: joins the host clock into t, starts a new epoch of t, checks
   // `accesses` against the history, then records them. Returns the races found (also kept in
   // races()). Accesses of one op never race with each other.
+  // `site` (may be null) is where the op was called from, kept with its records for reports.
   std::vector<Race> record_op(Timeline t, const std::string& op,
-                              const std::vector<Access>& accesses);
+                              const std::vector<Access>& accesses, Site site = nullptr);
 
   // The clock of `t` now (for an event recorded on t).
   VectorClock snapshot(Timeline t) const;
@@ -112,6 +124,7 @@ class RaceChecker {
     uint64_t epoch;
     bool write;
     std::string op;
+    Site site;
   };
   // The history is split by length class: bucket k holds the records whose length is in
   // [2^k, 2^(k+1)), keyed by begin address. A record of bucket k that overlaps [b, e) begins in

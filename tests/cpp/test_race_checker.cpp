@@ -15,6 +15,7 @@
 #include <vector>
 
 using torch_pipeline::core::Access;
+using torch_pipeline::core::AccessSite;
 using torch_pipeline::core::kHost;
 using torch_pipeline::core::Race;
 using torch_pipeline::core::RaceChecker;
@@ -93,6 +94,35 @@ TEST(RaceChecker, CrossStreamReadAfterWriteWithoutSyncRaces) {
   EXPECT_FALSE(races[0].later_write);
   EXPECT_EQ(races[0].begin, kBase);
   EXPECT_EQ(races[0].end, kBase + 64);
+}
+
+namespace {
+struct NamedSite : AccessSite {
+  explicit NamedSite(std::string n) : name(std::move(n)) {}
+  std::string name;
+};
+std::string site_name(const torch_pipeline::core::Site& site) {
+  const auto* named = dynamic_cast<const NamedSite*>(site.get());
+  return named == nullptr ? "" : named->name;
+}
+}  // namespace
+
+// A race carries the sites of both of its accesses: the earlier one from the history record
+// (kept there, and in the parts a partial forget() leaves), the later one from the op.
+TEST(RaceChecker, RaceCarriesTheSitesOfBothAccesses) {
+  Fixture f;
+  f.rc.record_op(f.s1, "producer", {W(0, 64)}, std::make_shared<NamedSite>("producer.py:3"));
+  f.rc.forget(kBase + 16, kBase + 32);  // trims the record into [0, 16) and [32, 64)
+  auto races =
+      f.rc.record_op(f.s2, "consumer", {R(40, 48)}, std::make_shared<NamedSite>("consumer.py:9"));
+  ASSERT_EQ(races.size(), 1u);
+  EXPECT_EQ(site_name(races[0].earlier_site), "producer.py:3");
+  EXPECT_EQ(site_name(races[0].later_site), "consumer.py:9");
+  // Without sites, races have none.
+  races = f.rc.record_op(f.s1, "other", {W(40, 48)});
+  ASSERT_EQ(races.size(), 1u);
+  EXPECT_EQ(site_name(races[0].earlier_site), "consumer.py:9");
+  EXPECT_EQ(races[0].later_site, nullptr);
 }
 
 TEST(RaceChecker, EventOrdersReadAfterWrite) {
