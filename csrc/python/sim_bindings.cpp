@@ -5,6 +5,7 @@
 #include "../sim/capture.h"
 #include "../sim/executor.h"
 #include "../sim/latency.h"
+#include "../sim/names.h"
 #include "../sim/sim.h"
 #include "../sim/state.h"
 #include "../sim/trace.h"
@@ -12,6 +13,10 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/anomaly_mode.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/python_anomaly_mode.h>
+#include <torch/csrc/profiler/combined_traceback.h>
 
 #include <cstdint>
 #include <string>
@@ -35,6 +40,16 @@ struct RaceErrorPy : public torch::PyTorchError {
 };
 
 void throw_race_error(const std::string& message) { throw RaceErrorPy(message); }
+
+// torch_pipeline.sim.DeviceIndexError (a ValueError and a RuntimeError), made once and leaked.
+PyObject* g_device_index_error = nullptr;
+
+struct DeviceIndexErrorPy : public torch::PyTorchError {
+  using torch::PyTorchError::PyTorchError;
+  PyObject* python_type() override { return g_device_index_error; }
+};
+
+void throw_device_index_error(const std::string& message) { throw DeviceIndexErrorPy(message); }
 
 // The per-operator facts (csrc/runtime/op_facts.h) of "aten::add_.Tensor" as the sim's kernels
 // look them up (by operator handle), as a dict; `id` identifies the facts object.
@@ -95,6 +110,88 @@ std::vector<std::pair<std::string, uintptr_t>> op_facts_observed(const py::funct
   return seen;
 }
 
+// Note [Race reports with sites]: a site is the Python stack of the thread that called the op,
+// captured as torch's memory snapshots capture theirs (code objects and positions, symbolized
+// only when a report asks). An op of a backward pass runs on an autograd engine thread, which has
+// no Python frames: its site is the node it computes (e.g. "MmBackward0") and, when the forward
+// ran in anomaly mode, the stack that made the node (autograd keeps it as text).
+struct PythonSite final : sim::AccessSite {
+  std::shared_ptr<torch::CapturedTraceback> traceback;
+  std::string backward_of;                 // the autograd node, for an op of a backward pass
+  std::vector<std::string> forward_stack;  // anomaly mode: traceback.format_stack() of its forward
+};
+
+// The anomaly-mode forward stack of `node` (empty without it). Needs the GIL.
+template <class NodePtr>
+std::vector<std::string> forward_stack_of(const NodePtr& node) {
+  std::vector<std::string> out;
+  // NB: a static_cast (PyAnomalyMetadata's type info is not exported): in a Python process the
+  // autograd engine is the PythonEngine, whose nodes' metadata is always a PyAnomalyMetadata.
+  auto* metadata = static_cast<torch::autograd::PyAnomalyMetadata*>(node->metadata());
+  if (metadata == nullptr || metadata->dict() == nullptr) {
+    return out;
+  }
+  PyObject* stack =
+      PyDict_GetItemString(metadata->dict(), torch::autograd::PyAnomalyMetadata::ANOMALY_TRACE_KEY);
+  if (stack == nullptr || !PyList_Check(stack)) {
+    return out;
+  }
+  for (Py_ssize_t i = 0; i < PyList_Size(stack); ++i) {
+    PyObject* line = PyList_GetItem(stack, i);
+    if (line != nullptr && PyUnicode_Check(line)) {
+      out.emplace_back(PyUnicode_AsUTF8(line));
+    }
+  }
+  return out;
+}
+
+sim::Site gather_python_site() {
+  if (!Py_IsInitialized()) {
+    return nullptr;
+  }
+  auto site = std::make_shared<PythonSite>();
+  // A thread that never ran Python (a stream's thread, an engine thread, a C++ thread) has no
+  // frames to gather; asking for the GIL there would only make a thread state for nothing.
+  if (PyGILState_GetThisThreadState() != nullptr) {
+    site->traceback = torch::CapturedTraceback::gather(/*python=*/true, /*script=*/false,
+                                                       /*cpp=*/false);
+  }
+  if (auto node = torch::autograd::get_current_node()) {
+    site->backward_of = node->name();
+    if (torch::autograd::AnomalyMode::is_enabled()) {
+      py::gil_scoped_acquire gil;  // an engine thread: the thread that called backward() waits
+      site->forward_stack = forward_stack_of(node);
+    }
+  } else if (site->traceback == nullptr) {
+    return nullptr;
+  }
+  return site;
+}
+
+// The stack of `s`, innermost frame first: (filename, line, function) per frame.
+std::vector<std::tuple<std::string, uint64_t, std::string>> site_stack(const sim::Site& s) {
+  std::vector<std::tuple<std::string, uint64_t, std::string>> out;
+  const auto* site = dynamic_cast<const PythonSite*>(s.get());
+  if (site == nullptr || site->traceback == nullptr) {
+    return out;
+  }
+  const torch::SymbolizedTracebacks symbolized = torch::symbolize({site->traceback.get()});
+  for (const uint64_t i : symbolized.tracebacks.at(0)) {
+    const auto& f = symbolized.all_frames.at(i);
+    out.emplace_back(f.filename, f.lineno, f.funcname);
+  }
+  return out;
+}
+
+// (node name, forward stack as text) for an access of a backward pass; None otherwise.
+py::object site_backward(const sim::Site& s) {
+  const auto* site = dynamic_cast<const PythonSite*>(s.get());
+  if (site == nullptr || site->backward_of.empty()) {
+    return py::none();
+  }
+  return py::make_tuple(site->backward_of, site->forward_stack);
+}
+
 }  // namespace
 
 void init_sim_bindings(py::module& m) {
@@ -107,6 +204,19 @@ void init_sim_bindings(py::module& m) {
   }
   m.attr("SimRaceError") = py::reinterpret_borrow<py::object>(g_race_error);
   sim::set_race_thrower(&throw_race_error);
+  PyObject* bases = Py_BuildValue("(OO)", PyExc_ValueError, PyExc_RuntimeError);
+  g_device_index_error =
+      bases == nullptr ? nullptr
+                       : PyErr_NewExceptionWithDoc("torch_pipeline.sim.DeviceIndexError",
+                                                   "A sim device index out of range: a ValueError, "
+                                                   "and a RuntimeError as CUDA's invalid ordinal.",
+                                                   bases, nullptr);
+  Py_XDECREF(bases);
+  if (g_device_index_error == nullptr) {
+    throw py::error_already_set();
+  }
+  m.attr("SimDeviceIndexError") = py::reinterpret_borrow<py::object>(g_device_index_error);
+  sim::set_device_index_thrower(&throw_device_index_error);
 
   py::register_local_exception_translator([](std::exception_ptr p) {
     try {
@@ -115,6 +225,8 @@ void init_sim_bindings(py::module& m) {
       }
     } catch (const RaceErrorPy& e) {
       PyErr_SetString(g_race_error, e.what());
+    } catch (const DeviceIndexErrorPy& e) {
+      PyErr_SetString(g_device_index_error, e.what());
     } catch (const sim::RaceError& e) {
       PyErr_SetString(g_race_error, e.what_without_backtrace());
     }
@@ -135,6 +247,21 @@ streams and the memory.
       .def_readonly("later_op", &sim::Race::later_op)
       .def_readonly("later_stream", &sim::Race::later_timeline)
       .def_readonly("later_write", &sim::Race::later_write)
+      .def_property_readonly(
+          "earlier_stack", [](const sim::Race& r) { return site_stack(r.earlier_site); },
+          "The Python stack that made the earlier access, innermost first: (file, line, "
+          "function) per frame; empty unless sites were on (set_report_stacks).")
+      .def_property_readonly(
+          "later_stack", [](const sim::Race& r) { return site_stack(r.later_site); },
+          "The same for the later access.")
+      .def_property_readonly(
+          "earlier_backward", [](const sim::Race& r) { return site_backward(r.earlier_site); },
+          "For an earlier access made by a backward pass: (autograd node name, the forward's "
+          "stack as traceback.format_stack() text, when the forward ran in anomaly mode); "
+          "None otherwise.")
+      .def_property_readonly(
+          "later_backward", [](const sim::Race& r) { return site_backward(r.later_site); },
+          "The same for the later access.")
       .def("__str__", &sim::Race::to_string)
       .def("__repr__",
            [](const sim::Race& r) { return "<torch_pipeline.sim.Race " + r.to_string() + ">"; });
@@ -161,6 +288,21 @@ streams and the memory.
     return out;
   });
   m.def("_sim_set_strict", &sim::set_strict, py::arg("strict"));
+  sim::set_site_gatherer(&gather_python_site);
+  m.def("_sim_set_record_sites", &sim::set_record_sites, py::arg("on"));
+  m.def("_sim_record_sites", &sim::record_sites);
+  m.def(
+      "_sim_name_storages",
+      [](const std::vector<std::pair<at::Tensor, std::string>>& named) {
+        for (const auto& [t, name] : named) {
+          if (t.defined() && t.has_storage() && t.device().type() == c10::DeviceType::PrivateUse1 &&
+              t.storage().data() != nullptr) {
+            sim::StorageNames::get().set(t.storage().data(), name);
+          }
+        }
+      },
+      py::arg("named"),
+      "Names the storages of these sim tensors in race reports (module parameters and buffers).");
   m.def("_sim_strict", &sim::strict);
   m.def(
       "_sim_synchronize",

@@ -1,10 +1,13 @@
 #include "aliases.h"
 
 #include "allocator.h"
+#include "names.h"
 #include "ops.h"
+#include "sim.h"
 #include "state.h"
 
 #include <ATen/EmptyTensor.h>
+#include <c10/util/StringUtil.h>
 
 #include <cstring>
 #include <utility>
@@ -36,8 +39,15 @@ void add_accesses(const at::Tensor& t, bool write, std::vector<Access>& out) {
     return;
   }
   const c10::Storage& storage = t.storage();
-  add_accesses(t, write, describe_storage(t.device().index(), storage.data(), storage.nbytes()),
-               out);
+  std::string memory = describe_storage(t.device().index(), storage.data(), storage.nbytes());
+  if (record_sites()) {  // Note [Race reports with sites]: the tensor too
+    memory += c10::str(", tensor ", t.scalar_type(), t.sizes());
+    const std::string name = StorageNames::get().find(storage.data());
+    if (!name.empty()) {
+      memory += " = " + name;
+    }
+  }
+  add_accesses(t, write, memory, out);
 }
 
 std::vector<Access> accesses_of(const at::Tensor& t, bool write) {

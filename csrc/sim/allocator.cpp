@@ -2,6 +2,8 @@
 
 #include "executor.h"
 #include "fork.h"
+#include "names.h"
+#include "sim.h"
 #include "state.h"
 
 #include <c10/util/Exception.h>
@@ -115,8 +117,40 @@ class SimAllocator final : public c10::DeviceAllocator {
 
   bool initialized() override { return State::get().num_devices() > 0; }
 
+  // As CUDA's: the cached blocks go back to the system. cudaFree synchronizes the device, so the
+  // host first waits for every stream (the blocks held back for record_stream() uses are then
+  // free too); the blocks' history is forgotten before their memory is given back, since the
+  // system may hand the same addresses out again, to anyone.
   void emptyCache(c10::MempoolId_t) override {
-    // Cached blocks are kept: giving them back would hide reuse, which the checker must see.
+    if (State::get().num_devices() == 0) {
+      return;
+    }
+    synchronize(-1);
+    std::vector<Block*> released;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (int d = 0; d < State::get().num_devices(); ++d) {
+        process_pending_locked(static_cast<c10::DeviceIndex>(d));
+      }
+      for (auto& [key, by_size] : pools_) {
+        for (auto& [size, blocks] : by_size) {
+          for (Block* block : blocks) {
+            auto& stats = stats_[static_cast<size_t>(block->device)];
+            stats.reserved_bytes[kAggregate].decrease(block->size);
+            stats.segment[kAggregate].decrease(1);
+            blocks_.erase(reinterpret_cast<uintptr_t>(block->ptr));
+            released.push_back(block);
+          }
+        }
+      }
+      pools_.clear();
+    }
+    for (Block* block : released) {
+      const auto begin = reinterpret_cast<uintptr_t>(block->ptr);
+      State::get().checker().forget(begin, begin + block->size);
+      std::free(block->ptr);
+      delete block;
+    }
   }
 
   void recordStream(const c10::DataPtr& data_ptr, c10::Stream stream) override {
@@ -174,6 +208,7 @@ class SimAllocator final : public c10::DeviceAllocator {
   void free(Block* block) {
     // Runs in a deleter: never throws. The checker's snapshot() only throws for unknown
     // timelines, which the uses cannot be.
+    StorageNames::get().forget(block->ptr);
     std::lock_guard<std::mutex> lock(mutex_);
     block->allocated = false;
     auto& stats = stats_[static_cast<size_t>(block->device)];

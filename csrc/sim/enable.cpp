@@ -4,6 +4,7 @@
 #include "executor.h"
 #include "fork.h"
 #include "kernels.h"
+#include "names.h"
 #include "sim.h"
 #include "state.h"
 
@@ -36,9 +37,11 @@ void before_fork() {
   State::get().checker().lock_for_fork();
   lock_executors_for_fork();
   lock_latency_for_fork();
+  StorageNames::get().lock_for_fork();
 }
 
 void after_fork() {  // in the parent and in the child
+  StorageNames::get().unlock_after_fork();
   unlock_latency_after_fork();
   unlock_executors_after_fork();
   State::get().checker().unlock_after_fork();

@@ -248,6 +248,11 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     TORCH_CHECK(ra.recorded && rb.recorded, "elapsed_time: both events must have been recorded");
     TORCH_CHECK(a->timing && b->timing,
                 "elapsed_time: both events must be created with argument 'enable_timing=True'");
+    // As on CUDA, which cannot time events of two devices against each other.
+    TORCH_CHECK(ra.device == rb.device,
+                "elapsed_time: the events were recorded on sim:", static_cast<int>(ra.device),
+                " and sim:", static_cast<int>(rb.device),
+                "; both must be recorded on the same device");
     host_wait(ra.timeline, ra.position);  // device times: when the markers ran
     host_wait(rb.timeline, rb.position);
     return static_cast<double>(rb.time_ns->load() - ra.time_ns->load()) / 1e6;

@@ -139,8 +139,8 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   auto* counted = static_cast<Counted*>(ctx);
   if (!counted->accesses.empty()) {
     try {
-      State::get().checker().record_op(kHost, std::string(fn.name()) + " (host)",
-                                       counted->accesses);
+      State::get().checker().record_op(kHost, std::string(fn.name()) + " (host)", counted->accesses,
+                                       gather_site());
     } catch (...) {
     }
   }

@@ -8,10 +8,12 @@ namespace torch_pipeline {
 namespace sim {
 
 using core::Access;
+using core::AccessSite;
 using core::clock_entry;
 using core::kHost;
 using core::Race;
 using core::RaceChecker;
+using core::Site;
 using core::Timeline;
 using core::VectorClock;
 

@@ -72,6 +72,21 @@ class RaceError : public c10::Error {
 };
 using RaceThrower = void (*)(const std::string& message);
 void set_race_thrower(RaceThrower thrower);
+// What a device index out of range throws (c10::ValueError), unless the bindings install a thrower
+// of their own: they throw torch_pipeline.sim.DeviceIndexError, both a ValueError and a
+// RuntimeError (CUDA raises RuntimeError for an invalid device ordinal, and programs catch that).
+void set_device_index_thrower(RaceThrower thrower);
+
+// Note [Race reports with sites]: while sites are on, every recorded op keeps where it was called
+// from (the bindings' gatherer: the calling thread's Python stack), so a race names the code of
+// both accesses, and a race's memory names the tensor's dtype and shape. Off by default: a
+// gather costs more than the op it describes. The gatherer runs on the op's thread before the
+// checker's lock is taken, with no sim lock held; it returns null where there is nothing to
+// gather (a thread that never ran Python).
+using SiteGatherer = Site (*)();
+void set_site_gatherer(SiteGatherer gatherer);
+void set_record_sites(bool on);
+bool record_sites();
 
 }  // namespace sim
 }  // namespace torch_pipeline

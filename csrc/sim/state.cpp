@@ -25,6 +25,9 @@ thread_local c10::DeviceIndex tls_device = 0;
 thread_local std::array<c10::StreamId, kMaxDevices> tls_streams{};  // 0: the default stream
 
 std::atomic<RaceThrower> g_thrower{nullptr};
+std::atomic<RaceThrower> g_device_index_thrower{nullptr};
+std::atomic<SiteGatherer> g_site_gatherer{nullptr};
+std::atomic<bool> g_record_sites{false};
 
 int clamp_priority(int priority) {
   return std::min(kLowestPriority, std::max(kHighestPriority, priority));
@@ -133,9 +136,15 @@ c10::DeviceIndex check_device(c10::DeviceIndex d) {
   if (d < 0) {
     return tls_device;
   }
-  TORCH_CHECK_VALUE(d < n, "device sim:", static_cast<int>(d),
-                    " does not exist: sim was enabled with ", n, " device(s) (sim:0..sim:", n - 1,
-                    ")");
+  if (d >= n) {
+    const std::string message =
+        c10::str("device sim:", static_cast<int>(d), " does not exist: sim was enabled with ", n,
+                 " device(s) (sim:0..sim:", n - 1, ")");
+    if (RaceThrower thrower = g_device_index_thrower.load()) {
+      thrower(message);
+    }
+    TORCH_CHECK_VALUE(false, message);
+  }
   return d;
 }
 
@@ -162,6 +171,8 @@ Timeline current_timeline(c10::DeviceIndex d) { return State::get().timeline(cur
 // ---- recording -----------------------------------------------------------------------------
 void set_race_thrower(RaceThrower thrower) { g_thrower.store(thrower); }
 
+void set_device_index_thrower(RaceThrower thrower) { g_device_index_thrower.store(thrower); }
+
 void throw_races(const std::vector<Race>& races) {
   std::string msg = "torch_pipeline.sim (strict mode): " + races.front().to_string();
   if (races.size() > 1) {
@@ -173,6 +184,20 @@ void throw_races(const std::vector<Race>& races) {
   throw RaceError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, msg);
 }
 
+void set_site_gatherer(SiteGatherer gatherer) { g_site_gatherer.store(gatherer); }
+
+void set_record_sites(bool on) { g_record_sites.store(on, std::memory_order_relaxed); }
+
+bool record_sites() { return g_record_sites.load(std::memory_order_relaxed); }
+
+Site gather_site() {
+  if (!record_sites()) {
+    return nullptr;
+  }
+  SiteGatherer gatherer = g_site_gatherer.load();
+  return gatherer == nullptr ? nullptr : gatherer();
+}
+
 void record(Timeline t, const std::string& op, const std::vector<Access>& accesses) {
   if (t != kHost) {
     tracking::device_op_seen(op.c_str());  // (a thread the tracker does not observe is warned of)
@@ -181,7 +206,7 @@ void record(Timeline t, const std::string& op, const std::vector<Access>& access
     return;  // captured: checked against its capture only
   }
   State& st = State::get();
-  std::vector<Race> found = st.checker().record_op(t, op, accesses);
+  std::vector<Race> found = st.checker().record_op(t, op, accesses, gather_site());
   if (!found.empty() && st.strict()) {
     throw_races(found);
   }

@@ -109,6 +109,8 @@ void host_sync(Timeline t);
 // The host waits for an event's position (event synchronize or a query reporting completion).
 void host_join(const VectorClock& clock);
 [[noreturn]] void throw_races(const std::vector<Race>& races);
+// Where the calling op was called from, while sites are on (Note [Race reports with sites]).
+Site gather_site();
 // "sim:0 storage 0x... (64 bytes)"
 std::string describe_storage(c10::DeviceIndex d, const void* base, size_t nbytes);
 

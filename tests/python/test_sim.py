@@ -765,6 +765,12 @@ def test_event_elapsed_time() -> None:
     c.record()
     with pytest.raises((RuntimeError, ValueError), match="enable_timing"):
         a.elapsed_time(c)
+    # Events of two devices cannot be timed against each other (CUDA raises RuntimeError too).
+    d = torch.Event(device="sim:1", enable_timing=True)
+    d.record(torch.accelerator.current_stream(1))
+    d.synchronize()
+    with pytest.raises(RuntimeError, match="recorded on sim:0 and sim:1"):
+        a.elapsed_time(d)
 
 
 def test_one_event_recorded_and_waited_on_from_many_threads() -> None:
@@ -908,6 +914,11 @@ def test_sim_is_the_accelerator_with_torch_device_module() -> None:
     sim.set_device(0)
     with pytest.raises(ValueError, match="does not exist"):
         torch.ones(1, device="sim:5")
+    # A RuntimeError too, as CUDA's "invalid device ordinal": code that catches that still works.
+    for bad in (lambda: torch.ones(1, device="sim:5"), lambda: torch.accelerator.set_device_index(9)):
+        with pytest.raises(RuntimeError, match="does not exist") as raised:
+            bad()
+        assert isinstance(raised.value, sim.DeviceIndexError)
     with pytest.raises(RuntimeError, match="same device"):
         torch.ones(2, device="sim:0") + torch.ones(2, device="sim:1")
     assert tp._C._current_accelerator_device() == torch.device("sim:0")

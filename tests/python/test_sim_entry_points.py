@@ -37,7 +37,17 @@ CALLS: Dict[str, str] = {
         "with torch.accelerator.device_index(1):\n"
         "    assert torch.accelerator.current_device_index() == 1\n"
         "assert torch.accelerator.current_device_index() == 0",
-    "accelerator.empty_cache": "del x\ntorch.accelerator.empty_cache()",
+    "accelerator.empty_cache":  # as CUDA's: the cached blocks go back (after a synchronize)
+        "del x\nbefore = torch.accelerator.memory_reserved()\n"
+        "free_before = torch.accelerator.get_memory_info()[0]\n"
+        "y = torch.ones(1 << 20, device='sim:0')\nsize = torch.accelerator.memory_reserved() - before\n"
+        "s = torch.Stream()\ns.wait_stream(torch.accelerator.current_stream())\n"
+        "with s:\n    z = y * 2\n"
+        "del y, z\ntorch.accelerator.empty_cache()\n"
+        "assert size >= 4 << 20 and torch.accelerator.memory_reserved() <= before\n"
+        "assert torch.accelerator.get_memory_info()[0] >= free_before\n"
+        "w = torch.zeros(1 << 20, device='sim:0')\n"  # new memory after a synchronize: no race
+        "assert torch.sim.races() == []",
     "accelerator.empty_host_cache":
         "torch.accelerator.empty_host_cache()\n"
         "assert torch.sim.host_memory_stats()['allocations.current'] == 0\n"
@@ -107,6 +117,24 @@ CALLS: Dict[str, str] = {
         "torch.manual_seed(3)\nassert torch.equal(a, torch.rand(3, device='sim'))",
     "sim.raw_kernel": "torch.sim.raw_kernel('k', read=[x], write=[x])\nassert torch.sim.races() == []",
     "sim.races": "assert torch.sim.races() == []\ntorch.sim.clear_races()",
+    "sim.default_stream":
+        "assert torch.sim.default_stream(1).stream_id == 0\n"
+        "assert torch.sim.default_stream() == torch.sim.current_stream()",
+    "sim.init": "torch.sim.init()",
+    "sim.DeviceIndexError":
+        "try:\n    torch.sim.set_device(7)\nexcept RuntimeError as e:\n"
+        "    assert isinstance(e, torch.sim.DeviceIndexError) and isinstance(e, ValueError)\n"
+        "else:\n    raise AssertionError('no error')",
+    "sim.report_stacks":
+        "torch.sim.set_report_stacks(True)\nassert torch.sim.report_stacks()\n"
+        "x.add_(1)\ns = torch.Stream(device='sim:0')\nwith s:\n    y = x * 2\n"
+        "race = torch.sim.races()[0]\nassert race.later_stack and race.earlier_stack\n"
+        "assert 'race 1 of 1' in torch.sim.report()\n"
+        "assert torch.sim.group_races(torch.sim.races())[0].count == 1\n"
+        "torch.sim.clear_races()\ntorch.sim.set_report_stacks(False)",
+    "sim.as_cuda":
+        "with torch.sim.as_cuda(devices=2):\n    assert torch.ones(1, device='cuda').is_cuda\n"
+        "assert torch.ones(1).to('sim:1').device.type == 'sim'",
     "sim.strict": "torch.sim.set_strict(True)\nassert torch.sim.is_strict()",
     "sim.latency":
         "torch.sim.set_latency(launch_us=1.0)\nassert torch.sim.latency() == (1.0, 0.0)\n"
@@ -227,7 +255,9 @@ def test_every_public_entry_point_has_a_call() -> None:
     covered_by = {"clear_races": "races", "is_strict": "strict", "set_strict": "strict",
                   "clear_latency": "latency", "set_latency": "latency",
                   "is_asynchronous": "asynchronous", "set_asynchronous": "asynchronous",
-                  "Graph": "graph", "Race": "races", "RaceError": "strict"}
+                  "Graph": "graph", "Race": "races", "RaceError": "strict",
+                  "set_report_stacks": "report_stacks", "report": "report_stacks",
+                  "group_races": "report_stacks", "RaceReport": "report_stacks"}
     missing += [f"sim.{n}" for n in _public(torch_pipeline.sim)
                 if f"sim.{covered_by.get(n, n)}" not in names]
     assert missing == []

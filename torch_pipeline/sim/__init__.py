@@ -53,21 +53,29 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from .. import _C
+from ._as_cuda import as_cuda
 from ._graph import Graph, graph
+from ._report import RaceReport, group_races, name_module_storages, report
 from ._trace import trace
 
 __all__ = [
+    "DeviceIndexError",
     "Graph",
     "Race",
     "RaceError",
+    "RaceReport",
+    "as_cuda",
     "clear_latency",
     "clear_races",
     "current_device",
     "current_stream",
+    "default_stream",
     "device_count",
     "empty_host_cache",
     "enable",
     "graph",
+    "group_races",
+    "init",
     "host_memory_stats",
     "is_available",
     "is_asynchronous",
@@ -75,9 +83,12 @@ __all__ = [
     "is_strict",
     "latency",
     "races",
+    "report",
+    "report_stacks",
     "set_asynchronous",
     "set_device",
     "set_latency",
+    "set_report_stacks",
     "set_stream",
     "set_strict",
     "synchronize",
@@ -91,6 +102,10 @@ Race.__qualname__ = "Race"
 
 RaceError = _C.SimRaceError
 """Raised in strict mode by the op that races (a ``RuntimeError`` subclass)."""
+
+DeviceIndexError = _C.SimDeviceIndexError
+"""Raised for a sim device index out of range: a ``ValueError`` and, as CUDA raises for an invalid
+device ordinal, a ``RuntimeError``."""
 
 DeviceLike = Union[torch.device, str, int, None]
 
@@ -270,6 +285,28 @@ def is_strict() -> bool:
     return bool(_C._sim_strict())
 
 
+def set_report_stacks(on: bool) -> None:
+    """Race reports with the Python stacks of both accesses and the tensor's dtype, shape and name
+    (module parameters and buffers, named the first time their module runs): while on, every sim
+    op keeps the stack of the thread that called it (a cost of several microseconds per op, paid
+    only while on; :func:`as_cuda` turns it on). See :func:`report`.
+
+        >>> sim.set_report_stacks(True)
+        >>> ...
+        >>> sim.races()[0].later_stack[0]      # innermost frame: (file, line, function)
+        ('train.py', 42, 'step')
+    """
+    if not isinstance(on, bool):
+        raise TypeError(f"on must be a bool, got {type(on).__name__}")
+    _C._sim_set_record_sites(on)
+    name_module_storages(on)
+
+
+def report_stacks() -> bool:
+    """Whether races keep the Python stacks of their accesses (:func:`set_report_stacks`)."""
+    return bool(_C._sim_record_sites())
+
+
 def _require_enabled() -> None:
     if not _C._sim_enabled():
         raise RuntimeError("the sim device is not enabled: call torch_pipeline.sim.enable() first")
@@ -380,6 +417,26 @@ def current_stream(device: DeviceLike = None) -> torch.Stream:
     """The calling thread's current stream of ``device`` (default: the current sim device)."""
     _require_enabled()
     return torch.accelerator.current_stream(_index(device))
+
+
+def default_stream(device: DeviceLike = None) -> torch.Stream:
+    """The default stream of ``device`` (default: the current sim device), as
+    ``torch.cuda.default_stream``.
+
+        >>> torch.sim.default_stream(1).stream_id
+        0
+    """
+    _require_enabled()
+    index = _index(device)
+    current = torch.accelerator.current_stream(index)
+    return torch.Stream(stream_id=0, device_index=index,  # type: ignore[call-arg]
+                        device_type=current.device_type)
+
+
+def init() -> None:
+    """Nothing to do once :func:`enable` ran (``torch.cuda.init``'s counterpart); raises
+    ``RuntimeError`` before."""
+    _require_enabled()
 
 
 def set_stream(stream: torch.Stream) -> None:

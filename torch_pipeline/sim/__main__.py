@@ -1,0 +1,100 @@
+"""``python -m torch_pipeline.sim run [options] script.py [args...]`` (or ``-m module``): runs an
+unmodified CUDA program on sim devices (:func:`torch_pipeline.sim.as_cuda`) and reports its stream
+races with the Python lines of both accesses. Exit status: the program's own when it failed,
+otherwise 1 when races were found, 0 when none.
+
+    python -m torch_pipeline.sim run --devices 2 train.py --epochs 1
+    python -m torch_pipeline.sim run --async --junit races.xml -m my_package.train
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+import traceback
+from typing import List, Optional, Tuple
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m torch_pipeline.sim",
+        description="Race-check a CUDA program's streams on the sim device, without a GPU.")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a CUDA script or module on sim devices",
+                         description="Runs the program with 'cuda' mapped to sim devices and "
+                                     "prints a report of its stream races at exit.")
+    run.add_argument("--devices", type=int, default=2, help="number of CUDA devices (default 2)")
+    run.add_argument("--async", dest="asynchronous", action="store_true",
+                     help="asynchronous mode: kernels run on stream threads, so a missing wait "
+                          "also gives wrong values")
+    run.add_argument("--strict", action="store_true",
+                     help="the first racing op raises torch_pipeline.sim.RaceError")
+    run.add_argument("--junit", metavar="PATH", help="also write the races as JUnit XML")
+    run.add_argument("--no-stacks", dest="stacks", action="store_false",
+                     help="do not capture Python stacks (faster; reports name ops only)")
+    run.add_argument("-m", dest="module", metavar="MODULE",
+                     help="run a module, as python -m (the arguments after it are its own)")
+    run.add_argument("program", nargs="?", metavar="script.py",
+                     help="the script to run (the arguments after it are its own)")
+    return p
+
+
+def _split(argv: List[str]) -> Tuple[List[str], List[str]]:
+    """Our arguments, and the program's: everything after the script or after ``-m MODULE``."""
+    for i, arg in enumerate(argv):
+        if arg == "-m":
+            return argv[:i + 2], argv[i + 2:]
+        if i > 0 and not arg.startswith("-") and argv[i - 1] not in ("--devices", "--junit"):
+            return argv[:i + 1], argv[i + 1:]
+    return argv, []
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ours, theirs = _split(list(sys.argv[1:] if argv is None else argv))
+    args = _parser().parse_args(ours)
+    if args.module is None and args.program is None:
+        _parser().error("run: give a script (script.py [args...]) or -m module [args...]")
+    args.program = ([] if args.program is None else [args.program]) + theirs
+
+    import torch_pipeline.sim as sim
+
+    if args.module is not None:
+        sys.argv = [args.module] + list(args.program)
+    else:
+        script = args.program[0]
+        if not os.path.exists(script):
+            print(f"python -m torch_pipeline.sim: can't open file {script!r}", file=sys.stderr)
+            return 2
+        sys.argv = list(args.program)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+
+    status = 0
+    with sim.as_cuda(devices=args.devices, asynchronous=args.asynchronous, strict=args.strict,
+                     stacks=args.stacks):
+        try:
+            if args.module is not None:
+                runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(sys.argv[0], run_name="__main__")
+        except SystemExit as e:
+            code = e.code
+            status = code if isinstance(code, int) else (0 if code is None else 1)
+            if code is not None and not isinstance(code, int):
+                print(code, file=sys.stderr)
+        except BaseException:  # noqa: BLE001 - the program's failure is reported, then ours
+            traceback.print_exc()
+            status = 1
+        races = sim.races()
+        text = sim.report(races, cuda_names=True)
+        if args.junit:
+            from ._report import write_junit
+            write_junit(args.junit, races, cuda_names=True)
+    print(text, file=sys.stderr)
+    if status == 0 and races:
+        status = 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
