@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import contextlib
 import gc
 from typing import Any, Callable, Dict, Iterator, MutableMapping, Tuple
@@ -23,7 +24,7 @@ import pytest
 IN_CHILD = os.environ.get("TORCH_PIPELINE_SIM_TEST_CHILD") == "1"
 
 _CHILD_MAIN = """
-import json, sys
+import json, os, sys
 import pytest
 
 class Collect:
@@ -41,17 +42,30 @@ class Collect:
         if name not in self.results or self.results[name][0] == "passed":
             self.results[name] = [report.outcome, text]
 
+class Shard:
+    # TORCH_PIPELINE_SIM_TEST_SHARD="i/n": this child runs every n-th test from the i-th.
+    def pytest_collection_modifyitems(self, items):
+        shard = os.environ.get("TORCH_PIPELINE_SIM_TEST_SHARD")
+        if shard:
+            i, n = (int(v) for v in shard.split("/"))
+            items[:] = items[i::n]
+
 collect = Collect()
-rc = pytest.main([sys.argv[1], "-q", "-p", "no:cacheprovider", "-p", "no:randomly"], plugins=[collect])
+rc = pytest.main([sys.argv[1], "-q", "-p", "no:cacheprovider", "-p", "no:randomly"],
+                 plugins=[collect, Shard()])
+if rc == 5:  # a shard with no tests
+    rc = 0
 with open(sys.argv[2], "w") as f:
     json.dump({"rc": int(rc), "results": collect.results}, f)
 """
 
 
 def install_proxies(module_globals: MutableMapping[str, Any], module_file: str,
-                    timeout_s: float = 280.0) -> None:
+                    timeout_s: float = 280.0, shards: int = 1) -> None:
     """In the parent process, replaces every ``test_*`` function of the module with a proxy for
-    its verdict in the child process. In the child (IN_CHILD), does nothing."""
+    its verdict in the child process. In the child (IN_CHILD), does nothing. With ``shards`` > 1
+    the module's tests are split over that many child processes that run at the same time (for a
+    long module on a machine with as many cores)."""
     if IN_CHILD:
         return
     cache: Dict[str, Any] = {}
@@ -59,19 +73,34 @@ def install_proxies(module_globals: MutableMapping[str, Any], module_file: str,
     def child_results() -> Dict[str, Any]:
         if not cache:
             with tempfile.TemporaryDirectory() as tmp:
-                report = os.path.join(tmp, "report.json")
-                env = dict(os.environ, TORCH_PIPELINE_SIM_TEST_CHILD="1")
-                proc = subprocess.run(
-                    [sys.executable, "-c", _CHILD_MAIN, os.path.abspath(module_file), report],
-                    env=env, capture_output=True, text=True, timeout=timeout_s)
-                if os.path.exists(report):
-                    with open(report) as f:
-                        cache.update(json.load(f))
-                else:
-                    cache.update({"rc": proc.returncode, "results": {}})
-                cache["output"] = (proc.stdout + proc.stderr)[-6000:]
-                sys.stdout.write("".join(line + "\n" for line in proc.stdout.splitlines()
-                                         if "[sim]" in line))
+                runs = []
+                for i in range(shards):
+                    report = os.path.join(tmp, f"report{i}.json")
+                    env = dict(os.environ, TORCH_PIPELINE_SIM_TEST_CHILD="1",
+                               TORCH_PIPELINE_SIM_TEST_SHARD=f"{i}/{shards}")
+                    proc = subprocess.Popen(
+                        [sys.executable, "-c", _CHILD_MAIN, os.path.abspath(module_file), report],
+                        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                    runs.append((proc, report))
+                cache.update({"rc": 0, "results": {}, "output": ""})
+                deadline = time.monotonic() + timeout_s
+                for proc, report in runs:
+                    try:
+                        output, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        output, _ = proc.communicate()
+                        output += f"\n(killed after {timeout_s} s)"
+                    if os.path.exists(report):
+                        with open(report) as f:
+                            verdict = json.load(f)
+                    else:
+                        verdict = {"rc": proc.returncode, "results": {}}
+                    cache["rc"] = cache["rc"] or verdict["rc"]
+                    cache["results"].update(verdict["results"])
+                    cache["output"] += output[-6000 // shards:]
+                    sys.stdout.write("".join(line + "\n" for line in output.splitlines()
+                                             if "[sim]" in line))
         return cache
 
     def proxy(name: str) -> Callable[[], None]:

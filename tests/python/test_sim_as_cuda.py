@@ -8,6 +8,7 @@ The programs are in ``cuda_programs/``; each marks the lines a report must name 
 """
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import re
 import subprocess
@@ -15,7 +16,7 @@ import sys
 import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import pytest
 
@@ -23,11 +24,38 @@ HERE = Path(__file__).resolve().parent
 PROGRAMS = HERE / "cuda_programs"
 
 
-def run(args: Sequence[str], cwd: Path = PROGRAMS, timeout: float = 240) -> subprocess.CompletedProcess:
+def _run_now(args: Sequence[str], cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env.pop("TORCH_PIPELINE_SIM_TEST_CHILD", None)
+    env.pop("TORCH_PIPELINE_SIM_TEST_SHARD", None)
     return subprocess.run([sys.executable, "-m", "torch_pipeline.sim", "run", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout, env=env)
+                          capture_output=True, text=True, timeout=240, env=env)
+
+
+# The runs of the parametrized tests, started together by the first run() (two at a time on two
+# cores: each is a fresh Python process, so the module takes about half the time).
+_PLANNED = [(tuple(mode + [program] + bug), PROGRAMS)
+            for program in ("side_stream.py", "prefetcher.py", "early_d2h.py")
+            for mode in ([], ["--async"]) for bug in ([], ["--bug"])]
+_PLANNED += [(tuple(mode + ["prefetcher.py", "--tp", "--bug"]), PROGRAMS)
+             for mode in ([], ["--async"])]
+_PLANNED += [(("api_tour.py",), PROGRAMS), (("--strict", "side_stream.py", "--bug"), PROGRAMS),
+             (("--no-stacks", "side_stream.py", "--bug"), PROGRAMS),
+             (("-m", "cuda_programs.early_d2h", "--bug"), HERE),
+             (("-m", "cuda_programs.early_d2h"), HERE)]
+_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+_futures: Dict[tuple, "concurrent.futures.Future[subprocess.CompletedProcess]"] = {}
+
+
+def run(args: Sequence[str], cwd: Path = PROGRAMS) -> subprocess.CompletedProcess:
+    """``python -m torch_pipeline.sim run ARGS`` in ``cwd``: its exit status and output."""
+    global _pool
+    if _pool is None:
+        _pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(2, os.cpu_count() or 1))
+        for key in _PLANNED:
+            _futures[key] = _pool.submit(_run_now, *key)
+    future = _futures.get((tuple(args), cwd))
+    return future.result() if future is not None else _run_now(args, cwd)
 
 
 def lines_of(program: str) -> Dict[str, int]:
