@@ -154,10 +154,8 @@ class Stream(torch.Stream):
 
     @property
     def priority(self) -> int:  # type: ignore[override]
+        """The stream's priority (0 or negative: lower is higher, as on CUDA)."""
         return int(_C._sim_stream_priority(self))
-
-    def wait_stream(self, stream: torch.Stream) -> None:  # type: ignore[override]
-        super().wait_stream(stream)
 
     def record_event(self, event: Optional[torch.Event] = None) -> torch.Event:  # type: ignore[override]
         if event is None:
@@ -190,17 +188,23 @@ class StreamContext:
 
     def __init__(self, stream: Optional[torch.Stream]) -> None:
         self.stream = stream
-        self._previous: List[torch.Stream] = []
+        self._previous: List[Tuple[torch.Stream, torch.Stream]] = []
 
     def __enter__(self) -> Optional[torch.Stream]:
+        # As torch.cuda.StreamContext: setting a stream makes its device current, and on exit the
+        # stream's device gets its previous stream back, then the previous device its own.
         if self.stream is not None:
-            self._previous.append(torch.accelerator.current_stream(self.stream.device_index))
+            here = torch.accelerator.current_stream()
+            there = torch.accelerator.current_stream(self.stream.device_index)
+            self._previous.append((here, there))
             torch.accelerator.set_stream(self.stream)
         return self.stream
 
     def __exit__(self, *exc: object) -> None:
         if self.stream is not None:
-            torch.accelerator.set_stream(self._previous.pop())
+            here, there = self._previous.pop()
+            torch.accelerator.set_stream(there)
+            torch.accelerator.set_stream(here)
 
 
 class _DeviceScope:

@@ -40,6 +40,11 @@ with torch.cuda.stream(s):
     assert torch.cuda.current_stream() == s
     y = x * 2
     y.record_stream(s)
+s1 = torch.cuda.Stream(device=1)
+with torch.cuda.stream(s1):  # the stream's device is current inside, as on CUDA
+    assert torch.cuda.current_device() == 1 and torch.cuda.current_stream() == s1
+    assert torch.empty(1, device="cuda").device.index == 1
+assert torch.cuda.current_device() == 0 and torch.cuda.current_stream(1) != s1
 ev = torch.cuda.Event(enable_timing=True)
 ev.record(s)
 torch.cuda.current_stream().wait_event(ev)
