@@ -2,6 +2,7 @@
 #include "gil.h"
 
 #include "../runtime/op_facts.h"
+#include "../sim/aliases.h"
 #include "../sim/capture.h"
 #include "../sim/executor.h"
 #include "../sim/latency.h"
@@ -295,8 +296,7 @@ streams and the memory.
       "_sim_name_storages",
       [](const std::vector<std::pair<at::Tensor, std::string>>& named) {
         for (const auto& [t, name] : named) {
-          if (t.defined() && t.has_storage() && t.device().type() == c10::DeviceType::PrivateUse1 &&
-              t.storage().data() != nullptr) {
+          if (sim::is_sim(t) && t.has_storage() && t.storage().data() != nullptr) {
             sim::StorageNames::get().set(t.storage().data(), name);
           }
         }
