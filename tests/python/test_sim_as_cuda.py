@@ -58,14 +58,19 @@ def run(args: Sequence[str], cwd: Path = PROGRAMS) -> subprocess.CompletedProces
     return future.result() if future is not None else _run_now(args, cwd)
 
 
-def lines_of(program: str) -> Dict[str, int]:
-    """{tag: line number} of the ``# LINE:<tag>`` markers of a program."""
+def marks_in(code: str) -> Dict[str, int]:
+    """{tag: line number} of the ``# LINE:<tag>`` markers of some code."""
     out = {}
-    for number, text in enumerate((PROGRAMS / program).read_text().splitlines(), start=1):
+    for number, text in enumerate(code.splitlines(), start=1):
         m = re.search(r"# LINE:(\w+)", text)
         if m:
             out[m.group(1)] = number
     return out
+
+
+def lines_of(program: str) -> Dict[str, int]:
+    """The markers of a program of cuda_programs/."""
+    return marks_in((PROGRAMS / program).read_text())
 
 
 def races_in(output: str) -> List[str]:
@@ -195,8 +200,7 @@ def _python(code: str, cwd: Path = PROGRAMS) -> subprocess.CompletedProcess:
     """Runs ``code`` with READ and WRITE set to the line numbers of its ``# LINE:read`` and
     ``# LINE:write`` markers (set on its first line, so the numbers stay)."""
     code = textwrap.dedent(code).lstrip("\n")
-    marks = {m.group(1): n for n, text in enumerate(code.splitlines(), 1)
-             for m in [re.search(r"# LINE:(\w+)", text)] if m}
+    marks = marks_in(code)
     prefix = f"READ, WRITE = {marks.get('read')}, {marks.get('write')}; "
     return subprocess.run([sys.executable, "-c", prefix + code], cwd=cwd, capture_output=True,
                           text=True, timeout=240)
