@@ -176,34 +176,27 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   c10::DeviceCapability getDeviceCapability(c10::Device) const override {
     // torch.accelerator.get_device_capability: the dtypes a sim tensor can be made of and
-    // converted from and to, those of the CPU's copy kernel (the sim runs it) less the quantized
-    // ones (PyTorch has no quantized PrivateUse1 kernels).
+    // converted from and to, those of the CPU's copy kernel (the sim runs it): every dtype of
+    // this torch (a newer torch's new ones too, e.g. 2.14's bcomplex32) less the quantized ones
+    // (PyTorch has no quantized PrivateUse1 kernels), the bit containers and the sub-byte and
+    // packed fp4 dtypes (no conversion to or from float32).
     c10::DeviceCapability cap;
     cap.capability_data.capability_bits = 0;
-    for (const int i : {c10::kIndex_Byte,
-                        c10::kIndex_Char,
-                        c10::kIndex_Short,
-                        c10::kIndex_Int,
-                        c10::kIndex_Long,
-                        c10::kIndex_Half,
-                        c10::kIndex_Float,
-                        c10::kIndex_Double,
-                        c10::kIndex_ComplexHalf,
-                        c10::kIndex_ComplexFloat,
-                        c10::kIndex_ComplexDouble,
-                        c10::kIndex_Bool,
-                        c10::kIndex_BFloat16,
-                        c10::kIndex_Float8_e5m2,
-                        c10::kIndex_Float8_e4m3fn,
-                        c10::kIndex_Float8_e5m2fnuz,
-                        c10::kIndex_Float8_e4m3fnuz,
-                        c10::kIndex_UInt16,
-                        c10::kIndex_UInt32,
-                        c10::kIndex_UInt64,
-                        c10::kIndex_Float8_e8m0fnu}) {
-      cap.capability_data.capability_bits |= uint64_t{1} << i;
-    }
+#define TP_SIM_CONVERTS(_, name)                                              \
+  if (sim_converts(c10::ScalarType::name)) {                                  \
+    cap.capability_data.capability_bits |= uint64_t{1} << c10::kIndex_##name; \
+  }
+    AT_FORALL_SCALAR_TYPES_WITH_COMPLEX_AND_QINTS(TP_SIM_CONVERTS)
+#undef TP_SIM_CONVERTS
     return cap;
+  }
+
+  static bool sim_converts(c10::ScalarType t) {
+    const auto i = static_cast<int>(t);
+    const bool sub_byte = i >= static_cast<int>(c10::ScalarType::UInt1) &&
+                          i <= static_cast<int>(c10::ScalarType::Int7);
+    return !c10::isQIntType(t) && !c10::isBitsType(t) && !sub_byte &&
+           t != c10::ScalarType::Float4_e2m1fn_x2;
   }
 
   bool queryStream(const c10::Stream& stream) const override {
