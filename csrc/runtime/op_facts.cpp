@@ -1,5 +1,7 @@
 #include "op_facts.h"
 
+#include "thread_local_ref.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/function_schema.h>
 
@@ -280,7 +282,8 @@ const OpFacts& op_facts(const at::RecordFunction& fn) {
 const OpFacts& op_facts(const c10::OperatorHandle& op) {
   // Keyed by the operator's name in its registration (stable while it is registered); checked
   // against the facts' names in case another operator took its place.
-  thread_local std::unordered_map<const c10::OperatorName*, const OpFacts*> cache;
+  thread_local std::unordered_map<const c10::OperatorName*, const OpFacts*> cache_of_thread;
+  auto& cache = thread_local_ref(cache_of_thread);
   const c10::OperatorName& name = op.operator_name();
   auto it = cache.find(&name);
   if (it != cache.end() && it->second->name == name.name &&

@@ -163,3 +163,46 @@ TEST(StorageTable, SweepsScaleWithManyLiveStorages) {
   table.for_each_alive([&](Table::Entry&) { ++alive; });
   EXPECT_EQ(alive, live.size());
 }
+
+// The ring's buckets (which let a lookup of a key that is not young skip the scan) never hide a
+// young key: over many adds, promotions and deaths, with more keys than buckets (so keys share
+// buckets), pending_home answers what a plain scan of the ring would.
+TEST(StorageTable, EveryYoungKeyIsFoundWhateverItsBucket) {
+  constexpr size_t kCapacity = 200;  // (more than the buckets: some hold several keys)
+  Table table(nullptr, kCapacity);
+  std::deque<Storage> alive;
+  // The model: the keys of the latest kCapacity adds that were not used again since (each add
+  // takes the slot of the add kCapacity before it), with their add's number and stream.
+  struct Young {
+    int added;
+    const int* key;
+    int64_t home;
+  };
+  std::deque<Young> ring;
+  for (int i = 0; i < 5000; ++i) {
+    alive.emplace_back();
+    Storage& s = alive.back();
+    const int64_t stream = 1 + i % 7;
+    table.add_young(s.key(), [&] { return s.ref(); }, Position{stream, uint64_t(i) + 1});
+    ring.push_back(Young{i, s.key(), stream});
+    while (ring.front().added + static_cast<int>(kCapacity) <= i) {
+      ring.pop_front();  // its slot was taken
+    }
+    if (i % 3 == 0) {  // used again: promoted, no longer young
+      const auto [added, key, home] = ring[ring.size() / 2];
+      ASSERT_EQ(table.pending_home(key), home) << "a young key was not found (step " << i << ")";
+      ASSERT_NE(table.find(key), nullptr);
+      ring.erase(ring.begin() + static_cast<std::ptrdiff_t>(ring.size() / 2));
+      ASSERT_EQ(table.pending_home(key), home);  // (the entry's pending definition now)
+    }
+    if (alive.size() > 300) {
+      alive.pop_front();  // its storage dies; a key still in the ring keeps its slot
+    }
+    ASSERT_EQ(table.young(), ring.size()) << "step " << i;
+    for (const auto& [added, key, home] : ring) {
+      ASSERT_EQ(table.pending_home(key), home) << "step " << i;
+    }
+  }
+  Storage never;
+  EXPECT_EQ(table.pending_home(never.key()), 0);
+}

@@ -6,6 +6,7 @@
 #include "../context.h"
 #include "../ivalue_tensors.h"
 #include "../op_facts.h"
+#include "../thread_local_ref.h"
 #include "../warn.h"
 #include "capture.h"
 #include "collectives.h"
@@ -361,7 +362,7 @@ bool host_only_op(c10::ArrayRef<c10::IValue> inputs) {
 }
 
 Taken op_start(const OpFacts& facts, c10::ArrayRef<c10::IValue> inputs) {
-  Tls& t = tls;
+  Tls& t = thread_local_ref(tls);
   ++t.level;
   bool in_region = false;
   if (t.active == kInRegion) {
@@ -410,7 +411,7 @@ Taken op_start(const OpFacts& facts, c10::ArrayRef<c10::IValue> inputs) {
 }
 
 void op_end(Taken taken, c10::ArrayRef<c10::IValue> outputs) {
-  Tls& t = tls;
+  Tls& t = thread_local_ref(tls);
   if (t.level == 0) {
     return;  // the observer was installed while this op ran (or a fork reset this thread)
   }
