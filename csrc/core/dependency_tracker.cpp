@@ -83,12 +83,19 @@ std::unique_lock<std::mutex> DependencyTracker::guard() const {
 DependencyTracker::~DependencyTracker() = default;
 
 uint32_t DependencyTracker::index_of(StreamId id) {
+  if (id == last_id_ && id != 0) return last_index_;
   const auto it = stream_index_.find(id);
-  if (it != stream_index_.end()) return it->second;
-  const auto index = static_cast<uint32_t>(streams_.size());
-  streams_.emplace_back();
-  streams_.back().id = id;
-  stream_index_.emplace(id, index);
+  uint32_t index = 0;
+  if (it != stream_index_.end()) {
+    index = it->second;
+  } else {
+    index = static_cast<uint32_t>(streams_.size());
+    streams_.emplace_back();
+    streams_.back().id = id;
+    stream_index_.emplace(id, index);
+  }
+  last_id_ = id;
+  last_index_ = index;
   return index;
 }
 
@@ -152,6 +159,18 @@ void DependencyTracker::consider(uint32_t self, const StreamState& st, const Op&
   }
 }
 
+uint64_t DependencyTracker::advance(uint32_t self, StreamState& st) {
+  const uint64_t seq = ++st.seq;
+  if (st.clock.size() <= self) st.clock.resize(static_cast<size_t>(self) + 1, 0);
+  st.clock[self] = seq;
+  if (st.clock_changed || st.history.empty()) {
+    st.history.push_back(HistoryEntry{seq, std::make_shared<const Clock>(st.clock)});
+    st.clock_changed = false;
+    prune_history(self);
+  }
+  return seq;
+}
+
 DependencyTracker::Launch DependencyTracker::launch(StreamId stream,
                                                     const std::vector<StorageId>& reads,
                                                     const std::vector<StorageId>& writes,
@@ -159,6 +178,12 @@ DependencyTracker::Launch DependencyTracker::launch(StreamId stream,
   const auto lock = guard();
   const uint32_t self = index_of(stream);
   StreamState& st = streams_[self];
+  if (reads.empty() && writes.empty()) {
+    // (the common launch of an op whose storages all live on its stream: nothing to wait for)
+    Launch result;
+    result.position = Position{stream, advance(self, st)};
+    return result;
+  }
 
   // Normalise the access sets: sorted, unique, and a storage in both counts as written.
   writes_.assign(writes.begin(), writes.end());
@@ -222,14 +247,7 @@ DependencyTracker::Launch DependencyTracker::launch(StreamId stream,
             [](const Position& x, const Position& y) { return x.stream < y.stream; });
 
   // The op itself.
-  const uint64_t seq = ++st.seq;
-  if (st.clock.size() <= self) st.clock.resize(static_cast<size_t>(self) + 1, 0);
-  st.clock[self] = seq;
-  if (st.clock_changed || st.history.empty()) {
-    st.history.push_back(HistoryEntry{seq, std::make_shared<const Clock>(st.clock)});
-    st.clock_changed = false;
-    prune_history(self);
-  }
+  const uint64_t seq = advance(self, st);
   const Op op{self, seq, st.history.back().clock};
   result.position = Position{stream, seq};
 

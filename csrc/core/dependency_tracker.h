@@ -224,6 +224,8 @@ class DependencyTracker {
   static bool join_capped(Clock& into, const ClockView& v, uint64_t own_reach);
 
   uint32_t index_of(StreamId id);  // creates the stream's state on first use
+  // The next op on stream `self` (whose state is `st`): its seq, with the clock's history updated.
+  uint64_t advance(uint32_t self, StreamState& st);
   const StreamState* find_stream(StreamId id) const;
   uint32_t checked_index(const Position& p, const char* what);  // validates p.seq > 0 positions
   ClockView clock_at(uint32_t stream, uint64_t seq) const;      // from history
@@ -238,6 +240,9 @@ class DependencyTracker {
   const size_t history_limit_;
   const Locking locking_;
   std::vector<StreamState> streams_;
+  // index_of's last answer (streams are never removed: an index stays valid); `last_id_` 0: none.
+  StreamId last_id_ = 0;
+  uint32_t last_index_ = 0;
   std::unordered_map<StreamId, uint32_t> stream_index_;
   Clock host_;  // what the host knows completed
   std::unordered_map<StorageId, StorageState> storages_;

@@ -46,6 +46,25 @@ TEST(DependencyTracker, PositionsCountEachStreamsOpsFromOne) {
   EXPECT_EQ(t.num_launched(42), 0u);
 }
 
+TEST(DependencyTracker, ALaunchWithNoAccessesKeepsTheClockItWasOrderedAfter) {
+  // (the launch without accesses takes a shorter path: it must still carry the stream's clock,
+  // and the stream lookup it caches must follow the stream asked for, stream 0 included)
+  DependencyTracker t;
+  EXPECT_EQ(t.launch(1, {}, {kX}).position, at(1, 1));      // 1 writes X
+  EXPECT_EQ(t.launch(0, {kX}, {}).waits, Waits{at(1, 1)});  // 0 waits for it
+  EXPECT_EQ(t.launch(0, {}, {}).position, at(0, 2));
+  EXPECT_EQ(t.launch(2, {}, {}).position, at(2, 1));
+  EXPECT_EQ(t.launch(0, {}, {}).position, at(0, 3));
+  // An op after 0's empty launches writes Y; 2 reads Y and X: it waits for 0 only, since 0's
+  // position carries 1's write of X.
+  EXPECT_EQ(t.launch(0, {}, {kY}).position, at(0, 4));
+  EXPECT_EQ(t.launch(2, {kX, kY}, {}).waits, Waits{at(0, 4)});
+  EXPECT_TRUE(t.is_ordered(2, at(1, 1)));
+  EXPECT_EQ(t.num_launched(0), 4u);
+  EXPECT_EQ(t.num_launched(1), 1u);
+  EXPECT_EQ(t.num_launched(2), 2u);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The rules
 // ---------------------------------------------------------------------------------------------
