@@ -96,6 +96,34 @@ def test_factories_and_copies_to_a_device_are_observed_by_the_unboxed_kernels() 
         assert torch.equal(y.cpu(), make().cpu() * 2), name
 
 
+def test_device_calls_of_the_listed_operators_are_observed_failing_ones_too() -> None:
+    """A device call of a listed operator is observed by its unboxed kernel (arguments boxed on
+    its frame, the op run unboxed): in-place ops, a scalar return (item), a copy; and a call that
+    raises ends its observed op, so the thread's next ops are observed again (strict sim reports
+    a race otherwise) and the error is the op's own."""
+    p1, p2 = tp.Pipeline(), tp.Pipeline()
+    x = torch.arange(float(N), device="sim:0")
+    before = tp.tracking_stats()["ops"]
+    with tp.pipeline(p1):
+        y = torch.add(x, 1)           # add.Tensor: a fresh output on p1's stream
+        y.mul_(2)                     # mul_.Scalar: in place
+        z = torch.empty_like(y)
+        z.copy_(y)                    # copy_
+    with tp.pipeline(p2):
+        total = z.sum().item()        # sum, then item: a Scalar return
+    assert tp.tracking_stats()["ops"] - before >= 6
+    assert total == float(((torch.arange(float(N)) + 1) * 2).sum())
+    bad = torch.ones(3, device="sim:0")
+    for _ in range(3):
+        with tp.pipeline(p1):
+            with pytest.raises(RuntimeError, match="size of tensor"):
+                torch.add(y, bad)     # raises inside the observed op
+            w = y + 1                 # observed again: p2's read below waits for it
+        with tp.pipeline(p2):
+            assert torch.equal(w.cpu(), (torch.arange(float(N)) + 1) * 2 + 1)
+    assert sim.races() == []
+
+
 def test_host_only_ops_are_counted_once_and_pay_no_launch() -> None:
     """A host-only call of a listed operator (torch.add of CPU tensors) counts as one observed op
     and launches nothing; the same call on device tensors is launched."""

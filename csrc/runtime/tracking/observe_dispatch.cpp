@@ -58,15 +58,7 @@ bool keyed(const c10::impl::LocalDispatchKeySet& local) {
 
 void run_op(const c10::OperatorHandle& op, c10::DispatchKeySet below, torch::jit::Stack* stack,
             Taken taken) {
-  if (taken == Taken::kClaimed || taken == Taken::kInside) {
-    c10::impl::ExcludeDispatchKeyGuard callees(kBothKeys);
-    op.redispatchBoxed(below, stack);
-  } else if (taken == Taken::kUnclaimed) {
-    c10::impl::IncludeDispatchKeyGuard inside_python(kInnerKey);
-    op.redispatchBoxed(below, stack);
-  } else {
-    op.redispatchBoxed(below, stack);
-  }
+  run_taken(taken, [&] { op.redispatchBoxed(below, stack); });
 }
 
 // Both keys' fallback (`key` is the one it was reached at).

@@ -1,17 +1,21 @@
 // The dispatcher path's unboxed kernels (Note [Unboxed observer kernels]): for the operators CPU
 // code calls most, a kernel at the observer's key that tells a host-only call from its unboxed
-// arguments and redispatches it unboxed; any other call goes to the boxed fallback
-// (observe_dispatch.cpp) as if no kernel were there. Touches nothing of the tracker's state.
+// arguments and redispatches it unboxed; any other call is observed as the boxed fallback
+// (observe_dispatch.cpp) observes it, with its arguments boxed on the kernel's frame and the op
+// run unboxed. Touches nothing of the tracker's state but through the observer.
 //
 // Note [Unboxed observer kernels]: a boxed fallback boxes every argument into a stack and the
 // kernel below unboxes it again: about 600 instructions on a CPU torch.add, half of what an
 // 8-element add costs. A host-only op (host_only_op: no device tensor or device argument, no
 // tensor that may stand for others, no watched host memory, no pins) needs nothing from the
 // tracker, so these kernels check the same on the arguments as they are and call the next
-// kernel directly. The list is what CPU-side code (data loading, metrics, the optimizer's CPU
-// state, the host side of copies) calls most; an operator not on it is observed exactly as
-// before, only boxed. Each argument type is one of the overloads of host_arg below, or a type
-// that holds no tensor and no device (kPlainArg): an operator whose schema holds another type
+// kernel directly. Any other call needs op_start's boxed view of its arguments, but not a
+// heap-allocated stack nor an unboxing below: they are boxed into an array on this frame and the
+// op runs unboxed (an operator whose return is not one tensor or scalar goes to the boxed
+// fallback). The list is what CPU-side code (data loading, metrics, the optimizer's CPU state,
+// the host side of copies) and model steps call most; an operator not on it is observed
+// exactly as before, only boxed. Each argument type is one of the overloads of host_arg below, or a
+// type that holds no tensor and no device (kPlainArg): an operator whose schema holds another type
 // does not compile here, so no tensor can hide in an argument the check skips.
 #include "observe_dispatch.h"
 #include "observer.h"
@@ -81,6 +85,32 @@ bool host_arg(const T&) {
   return true;
 }
 
+// Returns the unboxed observing path gives op_end as one boxed value (else the call is boxed).
+template <class T>
+constexpr bool kOneReturn =
+    std::is_same_v<std::decay_t<T>, at::Tensor> || std::is_same_v<T, c10::Scalar>;
+
+// An op's arguments boxed on the caller's frame (no heap stack), destroyed by clear().
+template <size_t N>
+class Boxed {
+ public:
+  Boxed() = default;
+  Boxed(const Boxed&) = delete;
+  Boxed& operator=(const Boxed&) = delete;
+  ~Boxed() { clear(); }
+  c10::IValue* data() { return reinterpret_cast<c10::IValue*>(bytes_); }
+  void clear() {
+    for (size_t i = 0; i < size; ++i) {
+      data()[i].~IValue();
+    }
+    size = 0;
+  }
+  size_t size = 0;  // constructed values
+
+ private:
+  alignas(c10::IValue) unsigned char bytes_[(N == 0 ? 1 : N) * sizeof(c10::IValue)];
+};
+
 template <class Op, class Sig = typename Op::schema>
 struct Unboxed;
 
@@ -100,9 +130,48 @@ struct Unboxed<Op, Ret(Args...)> {
     }
     static const c10::OperatorHandle op =
         c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
-    return c10::impl::BoxedKernelWrapper<Ret(Args...)>::call(
-        c10::BoxedKernel::makeFromFunction<&observe_boxed>(), op, keys,
-        std::forward<Args>(args)...);
+    if constexpr (kOneReturn<Ret>) {
+      return observe_unboxed(op, below, args...);
+    } else {
+      return c10::impl::BoxedKernelWrapper<Ret(Args...)>::call(
+          c10::BoxedKernel::makeFromFunction<&observe_boxed>(), op, keys,
+          std::forward<Args>(args)...);
+    }
+  }
+
+  // What the boxed fallback does for a call it observes (observe_fallback), with the arguments
+  // boxed on this frame for op_start and the op run unboxed (Note [Unboxed observer kernels]).
+  static Ret observe_unboxed(const c10::OperatorHandle& op, c10::DispatchKeySet below,
+                             Args... args) {
+    constexpr size_t kBoxed = c10::impl::boxed_size<Args...>();
+    Boxed<kBoxed> boxed;
+    c10::IValue* end = boxed.data();
+    c10::impl::boxArgsToStack(end, args...);
+    boxed.size = kBoxed;
+    const c10::ArrayRef<c10::IValue> inputs(boxed.data(), kBoxed);
+    const auto run = [&]() -> Ret { return Op::redispatch(below, std::forward<Args>(args)...); };
+    if (host_only_op(inputs)) {
+      boxed.clear();
+      return run_taken(Taken::kClaimed, run);
+    }
+    const OpFacts& facts = op_facts(op);
+    Taken taken;
+    {
+      c10::impl::ExcludeDispatchKeyGuard tracker_ops(kBothKeys);
+      taken = op_start(facts, inputs);
+    }
+    boxed.clear();  // (op_start copies what it keeps; the op may now change its arguments)
+    try {
+      Ret result = run_taken(taken, run);
+      const c10::IValue output(result);
+      c10::impl::ExcludeDispatchKeyGuard tracker_ops(kBothKeys);
+      op_end(taken, c10::ArrayRef<c10::IValue>(output));
+      return result;
+    } catch (...) {
+      c10::impl::ExcludeDispatchKeyGuard tracker_ops(kBothKeys);
+      op_end(taken, {});
+      throw;
+    }
   }
 };
 
