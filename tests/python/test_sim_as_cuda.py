@@ -42,7 +42,8 @@ _PLANNED += [(tuple(mode + ["prefetcher.py", "--tp", "--bug"]), PROGRAMS)
 _PLANNED += [(("api_tour.py",), PROGRAMS), (("--strict", "side_stream.py", "--bug"), PROGRAMS),
              (("--no-stacks", "side_stream.py", "--bug"), PROGRAMS),
              (("-m", "cuda_programs.early_d2h", "--bug"), HERE),
-             (("-m", "cuda_programs.early_d2h"), HERE)]
+             (("-m", "cuda_programs.early_d2h"), HERE),
+             (("many_streams.py", "--bug"), PROGRAMS), (("many_streams.py",), PROGRAMS)]
 _pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
 _futures: Dict[tuple, "concurrent.futures.Future[subprocess.CompletedProcess]"] = {}
 
@@ -112,6 +113,26 @@ def test_a_stream_bug_is_reported_with_the_lines_of_both_accesses(program: str, 
     pairs = [tuple(re.findall(rf"{re.escape(program)}:(\d+) in ", part)[0]
                    for part in later_and_earlier(e)) for e in entries]
     assert len(pairs) == len(set(pairs)), pairs
+
+
+def test_the_33rd_stream_aliasing_a_live_one_is_reported_with_both_lines():
+    """Note [Stream aliases]: the 33rd torch.cuda.Stream() of a device (CUDA's pool of 32 per
+    priority, round robin) is the 1st again; while the 1st is alive, the run names both lines
+    (as a warning at once and in the summary, once per pair of lines). 31 layers: no alias."""
+    marks = lines_of("many_streams.py")
+    result = run(["many_streams.py", "--bug"])
+    assert result.returncode == 0, result.stdout + result.stderr  # serialized, not a race
+    summary = re.findall(r"^stream alias \d+ of (\d+): (.*)$", result.stderr, flags=re.M)
+    assert len(summary) == 1 and summary[0][0] == "1", result.stderr
+    text = summary[0][1]
+    assert f"many_streams.py:{marks['loss']} in main returned the same stream" in text, text
+    assert f"the one made at many_streams.py:{marks['layers']} in " in text, text
+    assert "33rd aliases the 1st" in text and "cuda:0" in text, text
+    assert result.stderr.count("RuntimeWarning: torch.cuda.Stream()") == 1, result.stderr
+    fixed = run(["many_streams.py"])
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert "alias" not in fixed.stderr, fixed.stderr
+    assert fixed.stderr.strip().endswith("torch_pipeline.sim: no races"), fixed.stderr
 
 
 def test_a_parameter_is_named_with_its_module_and_shape():

@@ -58,6 +58,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args.program = ([] if args.program is None else [args.program]) + theirs
 
     import torch_pipeline.sim as sim
+    from torch_pipeline.sim._as_cuda import stream_aliases
 
     if args.module is not None:
         sys.argv = [args.module] + list(args.program)
@@ -87,6 +88,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             status = 1
         races = sim.races()
         text = sim.report(races, cuda_names=True)
+        aliases = stream_aliases()
+        if aliases:
+            text = "\n\n".join(f"stream alias {i + 1} of {len(aliases)}: {a}"
+                                for i, a in enumerate(aliases)) + "\n\n" + text
         if args.junit:
             from ._report import write_junit
             write_junit(args.junit, races, cuda_names=True)

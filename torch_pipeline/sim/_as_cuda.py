@@ -15,8 +15,12 @@ Three parts, installed together and removed together:
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+import types
+import warnings
+import weakref
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple, Union
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -39,7 +43,9 @@ MAPPED: Dict[str, str] = {
     "device": "context manager: the current sim device inside",
     "device_of": "context manager: the device of a tensor",
     "synchronize": "the host waits for every stream of the device",
-    "Stream": "a sim stream (a torch.Stream); priority as on CUDA",
+    "Stream": "a sim stream (a torch.Stream); priority as on CUDA, from a pool of 32 per priority "
+              "per device handed out round robin as CUDA's: one that is the same stream as a "
+              "live one made elsewhere is warned about with both lines",
     "Event": "a sim event (a torch.Event); elapsed_time from the latency model",
     "stream": "context manager: the stream is current inside",
     "StreamContext": "the same, as a class",
@@ -140,7 +146,9 @@ class Stream(torch.Stream):
     def __new__(cls, device: DeviceLike = None, priority: int = 0, **kwargs: Any) -> "Stream":
         if "stream_id" in kwargs:
             return super().__new__(cls, **kwargs)  # type: ignore[call-arg]
-        return super().__new__(cls, _sim_device(device), priority=priority)  # type: ignore[call-arg]
+        stream = super().__new__(cls, _sim_device(device), priority=priority)  # type: ignore[call-arg]
+        _note_new_stream(stream)
+        return stream
 
     @classmethod
     def _of(cls, stream: torch.Stream) -> "Stream":
@@ -162,6 +170,71 @@ class Stream(torch.Stream):
             event = Event()
         event.record(self)
         return event
+
+
+# Note [Stream aliases]: CUDA's torch.cuda.Stream() hands out the streams of a pool, 32 per
+# priority per device, round robin; the 33rd is the 1st again. Code that keeps more than 32 streams
+# alive gets two handles on one stream without knowing: their work is serialized and a wait of one
+# for the other does nothing. The sim pool is the same, so the run mode can say where: each new
+# stream is remembered (weakly) with the program's line that made it, and one that is the same
+# stream as a live one made at another call is warned about once per pair of lines.
+_made: Dict[Tuple[int, int], Tuple["weakref.ref[Stream]", Tuple[str, int, str]]] = {}
+_aliases: List[str] = []
+_aliases_warned: Set[Tuple[Tuple[str, int, str], Tuple[str, int, str]]] = set()
+_made_lock = threading.Lock()
+
+
+def _program_frame() -> Tuple[str, int, str]:
+    """The innermost frame of the program's own code (not torch's, torch_pipeline's or the
+    standard library's) on this thread."""
+    from ._report import _is_user_frame
+
+    f: Optional[types.FrameType] = sys._getframe(2)
+    first: Optional[Tuple[str, int, str]] = None
+    while f is not None:
+        frame = (f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
+        first = first or frame
+        if _is_user_frame(frame):
+            return frame
+        f = f.f_back
+    return first or ("?", 0, "?")
+
+
+def _note_new_stream(stream: "Stream") -> None:
+    key = (int(stream.device_index), int(stream.stream_id))
+    here = _program_frame()
+    with _made_lock:
+        earlier = _made.get(key)
+        _made[key] = (weakref.ref(stream), here)
+        if earlier is None or earlier[0]() is None:
+            return
+        there = earlier[1]
+        if (there, here) in _aliases_warned:
+            return
+        _aliases_warned.add((there, here))
+        message = (
+            f"torch.cuda.Stream() at {here[0]}:{here[1]} in {here[2]} returned the same stream as "
+            f"the one made at {there[0]}:{there[1]} in {there[2]}, which is still alive "
+            f"(cuda:{key[0]}, stream {key[1]}): CUDA hands out 32 streams per priority per "
+            f"device, round robin, so the 33rd aliases the 1st. Work on the two is serialized and "
+            f"a wait of one for the other does nothing. Keep at most 32 streams per priority "
+            f"alive (reuse them), or use torch_pipeline pipelines, whose streams are never "
+            f"shared by live handles.")
+        _aliases.append(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def stream_aliases() -> List[str]:
+    """What :func:`_note_new_stream` warned about so far (Note [Stream aliases])."""
+    with _made_lock:
+        return list(_aliases)
+
+
+def _forget_streams() -> None:
+    with _made_lock:
+        _made.clear()
+        _aliases.clear()
+        _aliases_warned.clear()
 
 
 class _EventType(type):
@@ -323,6 +396,7 @@ def install() -> None:
             setattr(torch.cuda, name, value)
         torch.amp.autocast_mode.autocast.__init__ = _autocast_init  # type: ignore[method-assign]
         threading.Thread._bootstrap_inner = _bootstrap_inner  # type: ignore[attr-defined]
+        _forget_streams()
         state.mode.__enter__()
         _installed = state
 
@@ -336,6 +410,8 @@ def uninstall() -> None:
             return
         _installed = None
         state.mode.__exit__(None, None, None)
+        with _made_lock:
+            _made.clear()  # (what was warned stays readable: stream_aliases())
         threading.Thread._bootstrap_inner = _BOOTSTRAP_INNER  # type: ignore[attr-defined]
         torch.amp.autocast_mode.autocast.__init__ = _AUTOCAST_INIT  # type: ignore[method-assign]
         for name, value in state.saved.items():
