@@ -43,7 +43,9 @@ _PLANNED += [(("api_tour.py",), PROGRAMS), (("--strict", "side_stream.py", "--bu
              (("--no-stacks", "side_stream.py", "--bug"), PROGRAMS),
              (("-m", "cuda_programs.early_d2h", "--bug"), HERE),
              (("-m", "cuda_programs.early_d2h"), HERE),
-             (("many_streams.py", "--bug"), PROGRAMS), (("many_streams.py",), PROGRAMS)]
+             (("many_streams.py", "--bug"), PROGRAMS), (("many_streams.py",), PROGRAMS),
+             (("--compare", "early_d2h.py", "--bug"), PROGRAMS),
+             (("--compare", "early_d2h.py"), PROGRAMS)]
 _pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
 _futures: Dict[tuple, "concurrent.futures.Future[subprocess.CompletedProcess]"] = {}
 
@@ -133,6 +135,24 @@ def test_the_33rd_stream_aliasing_a_live_one_is_reported_with_both_lines():
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
     assert "alias" not in fixed.stderr, fixed.stderr
     assert fixed.stderr.strip().endswith("torch_pipeline.sim: no races"), fixed.stderr
+
+
+def test_compare_shows_the_outputs_a_missing_wait_made_wrong():
+    """--compare runs asynchronously, then reruns the program synchronously: a line of output
+    that differs (the host summed a buffer a non_blocking copy had not filled yet) is printed
+    with the synchronous line, and the exit status is 1; the fixed program's output is equal."""
+    result = run(["--compare", "early_d2h.py", "--bug"])
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "differ from a synchronous rerun's" in result.stderr, result.stderr
+    shown = re.search(r"^line 1: (sum .*)\n  synchronous: sum 1047552\.0$", result.stderr,
+                      flags=re.M)
+    assert shown is not None, result.stderr
+    assert result.stdout.strip() == shown.group(1)  # the program's own output, passed on
+    assert shown.group(1) != "sum 1047552.0"
+    fixed = run(["--compare", "early_d2h.py"])
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert "the output equals a synchronous rerun's (1 line(s))" in fixed.stderr, fixed.stderr
+    assert fixed.stdout.strip() == "sum 1047552.0"
 
 
 def test_a_parameter_is_named_with_its_module_and_shape():

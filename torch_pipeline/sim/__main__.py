@@ -5,15 +5,19 @@ otherwise 1 when races were found, 0 when none.
 
     python -m torch_pipeline.sim run --devices 2 train.py --epochs 1
     python -m torch_pipeline.sim run --async --junit races.xml -m my_package.train
+    python -m torch_pipeline.sim run --compare train.py   # asynchronous, then its outputs vs sync
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import runpy
+import subprocess
 import sys
 import traceback
-from typing import List, Optional, Tuple
+from typing import List, Optional, TextIO, Tuple
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,6 +34,10 @@ def _parser() -> argparse.ArgumentParser:
                           "also gives wrong values")
     run.add_argument("--strict", action="store_true",
                      help="the first racing op raises torch_pipeline.sim.RaceError")
+    run.add_argument("--compare", action="store_true",
+                     help="asynchronous mode, then a synchronous rerun of the program (a child "
+                          "process): the lines of its output that differ are printed, and the "
+                          "exit status is 1 if any do (wrong values from a missing wait)")
     run.add_argument("--junit", metavar="PATH", help="also write the races as JUnit XML")
     run.add_argument("--no-stacks", dest="stacks", action="store_false",
                      help="do not capture Python stacks (faster; reports name ops only)")
@@ -48,6 +56,50 @@ def _split(argv: List[str]) -> Tuple[List[str], List[str]]:
         if i > 0 and not arg.startswith("-") and argv[i - 1] not in ("--devices", "--junit"):
             return argv[:i + 1], argv[i + 1:]
     return argv, []
+
+
+class _Tee(io.TextIOBase):
+    """The program's standard output, passed on and kept (for --compare)."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.kept = io.StringIO()
+
+    def write(self, text: str) -> int:
+        self.kept.write(text)
+        return self.out.write(text)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    def isatty(self) -> bool:
+        return self.out.isatty()
+
+
+def _synchronous_rerun(args: argparse.Namespace) -> "subprocess.CompletedProcess[str]":
+    """The program run again in synchronous mode, in a child process: its output."""
+    command = [sys.executable, "-m", "torch_pipeline.sim", "run", "--devices", str(args.devices),
+               "--no-stacks"]
+    if args.module is not None:
+        command += ["-m", args.module]
+    command += list(args.program)
+    return subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _compare(ours: str, rerun: "subprocess.CompletedProcess[str]") -> Tuple[str, bool]:
+    """What --compare prints, and whether the outputs differ."""
+    mine, theirs = ours.splitlines(), rerun.stdout.splitlines()
+    differ = [(i, a, b) for i, (a, b) in enumerate(zip(mine, theirs)) if a != b]
+    lines = [f"line {i + 1}: {a}\n  synchronous: {b}" for i, a, b in differ]
+    if len(mine) != len(theirs):
+        lines.append(f"{len(mine)} line(s) here, {len(theirs)} in the synchronous rerun")
+    head = "torch_pipeline.sim --compare: "
+    if rerun.returncode != 0 and not lines:
+        return head + f"the synchronous rerun failed (exit status {rerun.returncode})", True
+    if not lines:
+        return head + f"the output equals a synchronous rerun's ({len(mine)} line(s))", False
+    return (head + f"{len(differ)} line(s) of the output differ from a synchronous rerun's "
+            "(values a missing wait made wrong):\n" + "\n".join(lines)), True
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -71,8 +123,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
 
     status = 0
+    tee: Optional[_Tee] = None
+    if args.compare:
+        args.asynchronous = True
+        tee = _Tee(sys.stdout)
     with sim.as_cuda(devices=args.devices, asynchronous=args.asynchronous, strict=args.strict,
-                     stacks=args.stacks):
+                     stacks=args.stacks), contextlib.redirect_stdout(tee or sys.stdout):
         try:
             if args.module is not None:
                 runpy.run_module(args.module, run_name="__main__", alter_sys=True)
@@ -98,6 +154,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(text, file=sys.stderr)
     if status == 0 and races:
         status = 1
+    if tee is not None:
+        sys.stdout.flush()
+        compared, differ = _compare(tee.kept.getvalue(), _synchronous_rerun(args))
+        print(compared, file=sys.stderr)
+        if status == 0 and differ:
+            status = 1
     return status
 
 
