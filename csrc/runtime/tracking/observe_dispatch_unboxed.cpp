@@ -85,7 +85,8 @@ bool host_arg(const T&) {
   return true;
 }
 
-// Returns the unboxed observing path gives op_end as one boxed value (else the call is boxed).
+// The returns the unboxed observing path boxes for op_end: one tensor (a value or a reference) or
+// a scalar. An operator with another return is observed by the boxed fallback.
 template <class T>
 constexpr bool kOneReturn =
     std::is_same_v<std::decay_t<T>, at::Tensor> || std::is_same_v<T, c10::Scalar>;
@@ -161,17 +162,20 @@ struct Unboxed<Op, Ret(Args...)> {
       taken = op_start(facts, inputs);
     }
     boxed.clear();  // (op_start copies what it keeps; the op may now change its arguments)
-    try {
-      Ret result = run_taken(taken, run);
-      const c10::IValue output(result);
-      c10::impl::ExcludeDispatchKeyGuard tracker_ops(kBothKeys);
-      op_end(taken, c10::ArrayRef<c10::IValue>(output));
-      return result;
-    } catch (...) {
-      c10::impl::ExcludeDispatchKeyGuard tracker_ops(kBothKeys);
-      op_end(taken, {});
-      throw;
-    }
+    const auto run_or_end = [&]() -> Ret {
+      try {
+        return run_taken(taken, run);
+      } catch (...) {
+        c10::impl::ExcludeDispatchKeyGuard tracker_ops(kBothKeys);
+        op_end(taken, {});
+        throw;
+      }
+    };
+    Ret result = run_or_end();
+    const c10::IValue output(result);
+    c10::impl::ExcludeDispatchKeyGuard tracker_ops(kBothKeys);
+    op_end(taken, c10::ArrayRef<c10::IValue>(output));
+    return result;
   }
 };
 
