@@ -35,7 +35,7 @@ def _run_now(args: Sequence[str], cwd: Path) -> subprocess.CompletedProcess:
 # The runs of the parametrized tests, started together by the first run() (two at a time on two
 # cores: each is a fresh Python process, so the module takes about half the time).
 _PLANNED = [(tuple(mode + [program] + bug), PROGRAMS)
-            for program in ("side_stream.py", "prefetcher.py", "early_d2h.py")
+            for program in ("side_stream.py", "prefetcher.py", "early_d2h.py", "side_allreduce.py")
             for mode in ([], ["--async"]) for bug in ([], ["--bug"])]
 _PLANNED += [(tuple(mode + ["prefetcher.py", "--tp", "--bug"]), PROGRAMS)
              for mode in ([], ["--async"])]
@@ -93,6 +93,7 @@ BUGS = {
     "side_stream.py": ("read", ("step", "input"), "wait_stream"),
     "prefetcher.py": ("copy", ("use",), "record_stream"),
     "early_d2h.py": ("read", ("write",), "synchronize"),
+    "side_allreduce.py": ("reduce", ("backward",), "wait_stream"),
 }
 
 
@@ -250,7 +251,9 @@ def _python(code: str, cwd: Path = PROGRAMS) -> subprocess.CompletedProcess:
 def test_stacks_are_off_by_default_and_as_cuda_restores_everything():
     result = _python("""
         import torch, torch_pipeline.sim as sim
+        import torch.distributed as dist
         cuda_available = torch.cuda.is_available()
+        collectives = (dist.init_process_group, dist.all_reduce, dist.is_nccl_available)
         sim.enable(2)
         assert not sim.report_stacks()
         x = torch.ones(4, device="sim:0")
@@ -270,6 +273,7 @@ def test_stacks_are_off_by_default_and_as_cuda_restores_everything():
         assert ("<string>", WRITE, "<module>") in race.earlier_stack, race.earlier_stack
         assert not sim.report_stacks() and torch.cuda.is_available() == cuda_available
         assert torch.ones(2).to("sim:1").device.type == "sim"   # the mapping is gone
+        assert (dist.init_process_group, dist.all_reduce, dist.is_nccl_available) == collectives
         print("ok")
     """)
     assert result.returncode == 0 and "ok" in result.stdout, result.stdout + result.stderr

@@ -1,6 +1,6 @@
 """Running a program written for CUDA on the sim device (:func:`as_cuda`).
 
-Three parts, installed together and removed together:
+Four parts, installed together and removed together:
 
 - a ``TorchFunctionMode`` that maps CUDA devices in the calls the program makes (``device="cuda"``,
   ``.cuda()``, ``.to("cuda:1")``) to sim devices, and answers the program's own questions about
@@ -10,7 +10,9 @@ Three parts, installed together and removed together:
 - the ``torch.cuda`` functions and classes a stream program uses, replaced by sim ones
   (:data:`MAPPED`); everything else of ``torch.cuda`` is left as it is, so on a CPU build of torch
   it raises torch's own "Torch not compiled with CUDA enabled" instead of answering wrongly;
-- ``torch.autocast("cuda")`` (and ``torch.cuda.amp.autocast``) as ``torch.autocast("sim")``.
+- ``torch.autocast("cuda")`` (and ``torch.cuda.amp.autocast``) as ``torch.autocast("sim")``;
+- ``torch.distributed``'s NCCL as Gloo, the collectives on CUDA tensors staged through the host
+  on the current stream (``_as_cuda_distributed``).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .. import _C
+from . import _as_cuda_distributed
 
 _SIM = "sim"
 _CUDA = "cuda"
@@ -374,6 +377,7 @@ def _bootstrap_inner(self: threading.Thread) -> None:
 class _Installed:
     def __init__(self) -> None:
         self.saved: Dict[str, Any] = {}
+        self.saved_distributed: Dict[str, Any] = {}
         self.mode = _CudaOnSim()
 
 
@@ -396,6 +400,7 @@ def install() -> None:
             setattr(torch.cuda, name, value)
         torch.amp.autocast_mode.autocast.__init__ = _autocast_init  # type: ignore[method-assign]
         threading.Thread._bootstrap_inner = _bootstrap_inner  # type: ignore[attr-defined]
+        state.saved_distributed = _as_cuda_distributed.install()
         _forget_streams()
         state.mode.__enter__()
         _installed = state
@@ -413,6 +418,7 @@ def uninstall() -> None:
         with _made_lock:
             _made.clear()  # (what was warned stays readable: stream_aliases())
         threading.Thread._bootstrap_inner = _BOOTSTRAP_INNER  # type: ignore[attr-defined]
+        _as_cuda_distributed.uninstall(state.saved_distributed)
         torch.amp.autocast_mode.autocast.__init__ = _AUTOCAST_INIT  # type: ignore[method-assign]
         for name, value in state.saved.items():
             if value is _MISSING:
