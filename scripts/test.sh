@@ -44,7 +44,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
 "$VENV/bin/python" -m pip install -q "torch==$TORCH_VERSION" ${TORCH_INDEX[@]+"${TORCH_INDEX[@]}"}
-"$VENV/bin/python" -m pip install -q pytest pytest-timeout hypothesis numpy expecttest \
+"$VENV/bin/python" -m pip install -q pytest pytest-timeout hypothesis numpy expecttest torchgpipe==0.0.7 \
   ninja setuptools wheel
 echo "== building torch_pipeline"
 "$VENV/bin/python" -m pip install -q --no-build-isolation --no-deps -e .

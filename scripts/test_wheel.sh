@@ -30,7 +30,7 @@ VENV="$WORK/venv"
 echo "== fresh venv $VENV: torch==$TORCH_VERSION and the test tools, then $(basename "$WHEEL")"
 "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
-"$VENV/bin/python" -m pip install -q --no-cache-dir "torch==$TORCH_VERSION" pytest pytest-timeout hypothesis \
+"$VENV/bin/python" -m pip install -q --no-cache-dir "torch==$TORCH_VERSION" pytest pytest-timeout hypothesis torchgpipe==0.0.7 \
   numpy expecttest
 before=$("$VENV/bin/python" -m pip freeze | sort)
 "$VENV/bin/python" -m pip install -q "$WHEEL"

@@ -45,7 +45,7 @@ _PLANNED += [(("api_tour.py",), PROGRAMS), (("--strict", "side_stream.py", "--bu
              (("-m", "cuda_programs.early_d2h"), HERE),
              (("many_streams.py", "--bug"), PROGRAMS), (("many_streams.py",), PROGRAMS),
              (("--compare", "early_d2h.py", "--bug"), PROGRAMS),
-             (("--compare", "early_d2h.py"), PROGRAMS)]
+             (("--compare", "early_d2h.py"), PROGRAMS), (("--compare", "gpipe_train.py"), PROGRAMS)]
 _pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
 _futures: Dict[tuple, "concurrent.futures.Future[subprocess.CompletedProcess]"] = {}
 
@@ -154,6 +154,23 @@ def test_compare_shows_the_outputs_a_missing_wait_made_wrong():
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
     assert "the output equals a synchronous rerun's (1 line(s))" in fixed.stderr, fixed.stderr
     assert fixed.stdout.strip() == "sum 1047552.0"
+
+
+def test_torchgpipe_trains_unmodified_on_sim_clean_and_equal_to_the_cpu():
+    """A public project's CUDA path, run as it is: torchgpipe's GPipe over cuda:0/cuda:1 (its own
+    copy streams, record_stream, wait_stream, checkpointing with the CUDA RNG state). It
+    completes on sim with no race, asynchronous and synchronous runs print the same, and the
+    losses and weights are those of the same training on the CPU, bit for bit."""
+    pytest.importorskip("torchgpipe")  # (CI installs it: scripts/test.sh)
+    result = run(["--compare", "gpipe_train.py"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "torch_pipeline.sim: no races" in result.stderr, result.stderr
+    assert "the output equals a synchronous rerun's (4 line(s))" in result.stderr, result.stderr
+    reference = subprocess.run([sys.executable, "gpipe_train.py", "--cpu"], cwd=PROGRAMS,
+                               capture_output=True, text=True, timeout=240)
+    assert reference.returncode == 0, reference.stderr
+    assert result.stdout == reference.stdout and "step 2 loss" in result.stdout, (
+        result.stdout, reference.stdout)
 
 
 def test_a_parameter_is_named_with_its_module_and_shape():
