@@ -35,9 +35,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--strict", action="store_true",
                      help="the first racing op raises torch_pipeline.sim.RaceError")
     run.add_argument("--compare", action="store_true",
-                     help="asynchronous mode, then a synchronous rerun of the program (a child "
-                          "process): the lines of its output that differ are printed, and the "
-                          "exit status is 1 if any do (wrong values from a missing wait)")
+                     help="asynchronous mode (each kernel taking 200 us on its stream), then a "
+                          "synchronous rerun of the program (a child process): the lines of its "
+                          "output that differ are printed, and the exit status is 1 if any do "
+                          "(wrong values from a missing wait)")
     run.add_argument("--junit", metavar="PATH", help="also write the races as JUnit XML")
     run.add_argument("--no-stacks", dest="stacks", action="store_false",
                      help="do not capture Python stacks (faster; reports name ops only)")
@@ -77,6 +78,7 @@ class _Tee(io.TextIOBase):
 
 
 _RERUN = "_TORCH_PIPELINE_SIM_COMPARE_RERUN"
+_COMPARE_LAUNCH_US = 200.0  # the asynchronous run's latency per kernel (sim.set_latency)
 _SEED = "_TORCH_PIPELINE_SIM_COMPARE_SEED"
 
 
@@ -159,6 +161,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         _seed(int(os.environ[_SEED]))
     with sim.as_cuda(devices=args.devices, asynchronous=args.asynchronous, strict=args.strict,
                      stacks=args.stacks), contextlib.redirect_stdout(tee or sys.stdout):
+        if args.compare:
+            # Every kernel takes this long on its stream, so the window a missing wait leaves
+            # open is open at every run (on a fast queue thread a read might come after it).
+            sim.set_latency(launch_us=_COMPARE_LAUNCH_US)
         try:
             if args.module is not None:
                 runpy.run_module(args.module, run_name="__main__", alter_sys=True)
