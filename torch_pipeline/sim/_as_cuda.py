@@ -120,6 +120,12 @@ _IS_CUDA_GET = torch._C.TensorBase.is_cuda.__get__  # type: ignore[attr-defined]
 _DEVICE_GET = torch._C.TensorBase.device.__get__
 
 
+def _real_device(t: torch.Tensor) -> torch.device:
+    """The tensor's own device: outside a torch function the mode shows the program "cuda"."""
+    with torch._C.DisableTorchFunction():
+        return t.device
+
+
 class _CudaOnSim(TorchFunctionMode):
     """Maps CUDA devices to sim ones in the calls it sees (the program's own)."""
 
@@ -304,7 +310,7 @@ class _DeviceScope:
 
 
 def _device_of(tensor: torch.Tensor) -> _DeviceScope:
-    d = _DEVICE_GET(tensor)
+    d = _real_device(tensor)
     return _DeviceScope(d if d.type == _SIM else None)
 
 

@@ -21,6 +21,8 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
+from . import _as_cuda  # (which imports this module first: its names are used at calls only)
+
 _SIM = "sim"
 
 # The collectives staged through the host (name -> how its tensors are passed).
@@ -58,14 +60,8 @@ class _Finished:
         return future
 
 
-def _real_device(t: torch.Tensor) -> torch.device:
-    """The tensor's own device (as_cuda's mode shows the program "cuda")."""
-    with torch._C.DisableTorchFunction():
-        return t.device
-
-
 def _on_sim(t: Any) -> bool:
-    return isinstance(t, torch.Tensor) and _real_device(t).type == _SIM
+    return isinstance(t, torch.Tensor) and _as_cuda._real_device(t).type == _SIM
 
 
 def _staged(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -82,7 +78,7 @@ def _staged(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             return original(*args, **kwargs)
         async_op = bool(bound.arguments.get("async_op", False))
         bound.arguments["async_op"] = False
-        stream = torch.accelerator.current_stream(_real_device(tensors[0]))
+        stream = torch.accelerator.current_stream(_as_cuda._real_device(tensors[0]))
         if two:
             output, input_ = tensors
             host_out = torch.empty(output.shape, dtype=output.dtype)

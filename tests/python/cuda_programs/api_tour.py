@@ -22,6 +22,9 @@ with torch.cuda.device(1):
     assert torch.cuda.current_device() == 1
     assert torch.empty(1, device="cuda").device.index == 1
 assert torch.cuda.current_device() == 0
+with torch.cuda.device_of(torch.ones(1, device="cuda:1")):  # the tensor's device, as on CUDA
+    assert torch.cuda.current_device() == 1
+assert torch.cuda.current_device() == 0
 m = torch.nn.Linear(4, 2).cuda()
 assert all(p.is_cuda for p in m.parameters()) and next(m.parameters()).device.type == "cuda"
 try:
