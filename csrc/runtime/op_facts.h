@@ -3,7 +3,7 @@
 // for both the tracker (which looks ops up from a RecordFunction) and the sim device's kernels and
 // race checker (which look them up from an OperatorHandle or an OperatorName): every lookup of one
 // operator returns the same OpFacts object, so the two never disagree about whether an op touches
-// memory.
+// memory. NB: the object lives for the rest of the process (a reference to it may be kept).
 #pragma once
 
 #include <ATen/core/alias_info.h>

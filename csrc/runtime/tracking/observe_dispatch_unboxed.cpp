@@ -132,7 +132,10 @@ struct Unboxed<Op, Ret(Args...)> {
     static const c10::OperatorHandle op =
         c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
     if constexpr (kOneReturn<Ret>) {
-      return observe_unboxed(op, below, args...);
+      // NB: an operator's facts are kept for the rest of the process (op_facts.h), and these
+      // operators are never deregistered: looked up once, not per call.
+      static const OpFacts& facts = op_facts(op);
+      return observe_unboxed(facts, below, args...);
     } else {
       return c10::impl::BoxedKernelWrapper<Ret(Args...)>::call(
           c10::BoxedKernel::makeFromFunction<&observe_boxed>(), op, keys,
@@ -142,8 +145,7 @@ struct Unboxed<Op, Ret(Args...)> {
 
   // What the boxed fallback does for a call it observes (observe_fallback), with the arguments
   // boxed on this frame for op_start and the op run unboxed (Note [Unboxed observer kernels]).
-  static Ret observe_unboxed(const c10::OperatorHandle& op, c10::DispatchKeySet below,
-                             Args... args) {
+  static Ret observe_unboxed(const OpFacts& facts, c10::DispatchKeySet below, Args... args) {
     constexpr size_t kBoxed = c10::impl::boxed_size<Args...>();
     Boxed<kBoxed> boxed;
     c10::IValue* end = boxed.data();
@@ -155,7 +157,6 @@ struct Unboxed<Op, Ret(Args...)> {
       boxed.clear();
       return run_taken(Taken::kClaimed, run);
     }
-    const OpFacts& facts = op_facts(op);
     Taken taken;
     {
       c10::impl::ExcludeDispatchKeyGuard tracker_ops(kBothKeys);
