@@ -91,9 +91,8 @@ void record_eager_end(const c10::Stream& stream) {
   }
   LiveState& st = state();
   std::lock_guard<std::mutex> lock(st.mutex);
-  const auto it = st.streams.find(stream);
-  if (it != st.streams.end()) {
-    record_locked(st, it->second->id, it->second->log.settled());
+  if (const StreamEntry* e = st.streams.find(stream)) {
+    record_locked(st, e->id, e->log.settled());
   }
 }
 
@@ -171,7 +170,7 @@ at::Tensor tensor_of(c10::Storage storage) {
 CaptureWorld::CaptureWorld(core::CaptureId i, const c10::Stream& o)
     : id(i), origin(o), ledger(i, /*origin's id in st*/ 1) {
   st.period = kCapturePeriod | (i & ~kCapturePeriod);
-  const StreamEntry& e = acquire_stream_locked(st, origin);  // (no baseline in a world)
+  const StreamEntry& e = st.streams.acquire(origin);  // (no baseline in a world)
   TORCH_INTERNAL_ASSERT(e.id == 1, "the origin of a capture is its world's first stream");
 }
 
@@ -226,7 +225,7 @@ void join_world_locked(CaptureWorld& w, StreamEntry& se) {
     // is forked in (it waits for the origin's captured work so far; the event is recorded in the
     // capture, so the wait is a captured edge).
     record_eager_end(se.stream);
-    StreamEntry& o = *w.st.by_id.at(w.ledger.origin());
+    StreamEntry& o = w.st.streams.at(w.ledger.origin());
     c10::Event fork(o.stream.device_type());
     fork.record(o.stream);
     fork.block(se.stream);
@@ -318,9 +317,8 @@ void capture_prepare(const c10::Stream& stream) {
       record_locked(st, run.last.stream, run.last.seq);
     }
     run.last = Position{};
-    const auto it = st.streams.find(stream);
-    if (it != st.streams.end()) {
-      record_locked(st, it->second->id, it->second->log.settled());
+    if (const StreamEntry* e = st.streams.find(stream)) {
+      record_locked(st, e->id, e->log.settled());
     }
   }
   t_prepared = std::move(pause);
@@ -367,7 +365,7 @@ size_t capture_join_back(const CaptureHandle* capture) {
   const auto unjoined = w.ledger.unjoined(
       [&](StreamId a, const Position& p) { return w.st.tracker->is_ordered(a, p); });
   for (const StreamId s : unjoined) {
-    StreamEntry& e = *w.st.by_id.at(s);
+    StreamEntry& e = w.st.streams.at(s);
     // Joined now, so the device can end the capture (a captured edge).
     c10::Event join(e.stream.device_type());
     join.record(e.stream);

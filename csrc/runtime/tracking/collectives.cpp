@@ -1,5 +1,5 @@
 // The async-collectives room (see collectives.h): Works of c10d ops and the tensors they write,
-// until work.wait(). Touches LiveState::async_works.
+// until work.wait(). Touches LiveState::async_works through its methods (and its own lock).
 #include "collectives.h"
 
 #include "../op_facts.h"
@@ -11,8 +11,6 @@ namespace tracking {
 namespace detail {
 
 namespace {
-constexpr size_t kAsyncWorksKept = 1024;
-
 // The Work among an op's outputs (directly or in a tuple), or nullptr.
 const void* returned_work(c10::ArrayRef<c10::IValue> outputs) {
   for (const c10::IValue& v : outputs) {
@@ -36,14 +34,8 @@ void note_async_collective(c10::ArrayRef<c10::IValue> outputs, std::vector<at::T
   if (work == nullptr || written.empty()) {
     return;
   }
-  std::vector<at::Tensor> dropped;  // released after the lock (declared before it)
-  LiveState& st = state();
-  std::lock_guard<std::mutex> lock(st.mutex);
-  if (st.async_works.size() >= kAsyncWorksKept) {
-    dropped = std::move(st.async_works.front().second);  // never waited for: forgotten
-    st.async_works.pop_front();
-  }
-  st.async_works.emplace_back(work, std::move(written));
+  // (a Work forgotten to make room is dropped here, after the part's lock)
+  state().async_works.add(work, std::move(written));
 }
 
 }  // namespace detail
@@ -53,21 +45,12 @@ void work_waited(const void* work) {
   if (!live() || work == nullptr) {
     return;
   }
-  std::vector<at::Tensor> written;
-  {
-    LiveState& st = state();
-    std::lock_guard<std::mutex> lock(st.mutex);
-    auto& works = st.async_works;
-    auto it =
-        std::find_if(works.begin(), works.end(), [&](const auto& w) { return w.first == work; });
-    if (it == works.end()) {
-      return;
-    }
-    written = std::move(it->second);
-    works.erase(it);
+  std::optional<std::vector<at::Tensor>> written = state().async_works.take(work);
+  if (!written) {
+    return;
   }
   // The current streams have waited for the work: its tensors are written there, now.
-  TrackScope scope({}, written);
+  TrackScope scope({}, *written);
 }
 
 }  // namespace tracking

@@ -110,7 +110,7 @@ void pending_copies_locked(LiveState& st, std::vector<std::shared_ptr<c10::Event
     }
   });
   for (const StreamId id : touched) {
-    if (StreamEntry* se = find_stream_locked(st, id)) {
+    if (StreamEntry* se = st.streams.find(id)) {
       out.push_back(std::make_shared<c10::Event>(se->stream.device_type()));
       out.back()->record(se->stream);
     }

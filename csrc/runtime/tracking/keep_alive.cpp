@@ -1,6 +1,6 @@
 // The keep-alive room (see keep_alive.h): allocator safety by keeping alive or record_stream,
-// the polling that lets kept storages go, and the mode switch. Touches StreamEntry::kept,
-// LiveState::kept_alive / launches_since_poll, StorageEntry::recorded, and events via streams.h.
+// the polling that lets kept storages go, and the mode switch. Changes LiveState::kept (through
+// its methods), StorageEntry::recorded, and events via streams.h.
 #include "keep_alive.h"
 
 #include "../capture.h"
@@ -82,8 +82,7 @@ void start_keep_alive_locked(LiveState& st, std::vector<PendingKeepAlive>& pendi
   for (PendingKeepAlive& k : pending) {
     for (const Launched& l : launched) {
       if (l.id == k.id) {
-        st.by_id.at(k.id)->kept.add(l.seq, std::move(k.storage));
-        ++st.kept_alive;
+        st.kept.add(k.id, l.seq, std::move(k.storage));
         count(&Counters::keep_alives);
         break;
       }
@@ -100,7 +99,7 @@ void record_instead(std::vector<PendingKeepAlive>& pending) {
 }
 
 void maybe_poll_locked(LiveState& st, std::vector<c10::Storage>& released) {
-  if (++st.launches_since_poll >= kPollEvery) {
+  if (st.kept.launch_makes_poll_due(kPollEvery)) {
     poll_locked(st, released);
   }
 }
@@ -110,8 +109,8 @@ void maybe_poll_locked(LiveState& st, std::vector<c10::Storage>& released) {
 // about to begin (docs/design.md, "Graph capture"): the kept storages wait for the next poll
 // after it. A query that fails (a capture begun without the hooks) is warned about.
 void poll_locked(LiveState& st, std::vector<c10::Storage>& released) {
-  st.launches_since_poll = 0;
-  if (st.kept_alive == 0) {
+  st.kept.polled();
+  if (st.kept.size() == 0) {
     return;
   }
   // (never blocks: the state's lock is held)
@@ -121,18 +120,22 @@ void poll_locked(LiveState& st, std::vector<c10::Storage>& released) {
     return;
   }
   const size_t before = released.size();
-  for (auto& [stream, entry] : st.streams) {
-    StreamEntry& e = *entry;
-    st.kept_alive -= e.kept.take_done(released);
-    if (e.kept.empty()) {
-      continue;
+  bool failed = false;
+  st.kept.for_each([&](KeptStorages::OnStream& kept) {
+    if (failed) {
+      return;
+    }
+    StreamEntry& e = st.streams.at(kept.stream());
+    kept.take_done(released);
+    if (kept.empty()) {
+      return;
     }
     // The newest event after a kept use, then (if that one is not done) the oldest: at most two
     // queries per stream. Without one, record one now after all kept uses (they have all
     // launched: keep-alives start after their op) and keep it for later polls and waits.
     // (Pointers into the stream log, which nothing below changes: no copies, no allocation.)
     using Kept = std::pair<uint64_t, std::shared_ptr<c10::Event>>;
-    const uint64_t front = e.kept.front_seq();
+    const uint64_t front = kept.front_seq();
     const Kept* candidates[2] = {nullptr, nullptr};
     const Kept* newest = e.log.newest();
     if (newest != nullptr && newest->first >= front) {
@@ -142,22 +145,21 @@ void poll_locked(LiveState& st, std::vector<c10::Storage>& released) {
         candidates[1] = oldest;
       }
     } else {
-      const uint64_t covers = std::min(e.kept.back_seq(), e.log.settled());
+      const uint64_t covers = std::min(kept.back_seq(), e.log.settled());
       if (covers < front) {
-        continue;  // the oldest kept use is behind an op still launching on another thread
+        return;  // the oldest kept use is behind an op still launching on another thread
       }
       auto ev = std::make_shared<c10::Event>(e.stream.device_type());
       ev->record(e.stream);
       count(&Counters::events);
       // (newer than the newest kept, which is older than `front`: it becomes the newest)
-      const bool kept = e.log.keep(covers, std::move(ev));
-      TORCH_INTERNAL_ASSERT(kept && e.log.newest()->first == covers);
+      const bool recorded = e.log.keep(covers, std::move(ev));
+      TORCH_INTERNAL_ASSERT(recorded && e.log.newest()->first == covers);
       candidates[0] = e.log.newest();
     }
-    if (!e.kept.due(candidates[0]->first)) {
-      continue;  // queried recently and not done: a device query is not free
+    if (!kept.due(candidates[0]->first)) {
+      return;  // queried recently and not done: a device query is not free
     }
-    bool failed = false;
     for (const Kept* c : candidates) {
       if (c == nullptr) {
         break;
@@ -171,37 +173,36 @@ void poll_locked(LiveState& st, std::vector<c10::Storage>& released) {
         break;
       }
       if (done) {
-        e.kept.completed(c->first);
+        kept.completed(c->first);
         st.tracker->completed(Position{e.id, c->first});
         break;
       }
     }
-    if (failed) {
-      break;
+    if (!failed) {
+      kept.take_done(released);
     }
-    st.kept_alive -= e.kept.take_done(released);
-  }
+  });
   count(&Counters::released, released.size() - before);
 }
 
 void release_ordered_locked(LiveState& st, const StreamEntry& waiter,
                             const std::vector<Position>& waited,
                             std::vector<c10::Storage>& released) {
-  if (st.kept_alive == 0) {
+  if (st.kept.size() == 0) {
     return;
   }
   const size_t before = released.size();
   for (const Position& w : waited) {
-    StreamEntry* used = find_stream_locked(st, w.stream);
-    if (used == nullptr || used->kept.empty() || used->kept.front_seq() > w.seq) {
+    std::optional<KeptStorages::OnStream> used = st.kept.on(w.stream);
+    if (!used || used->front_seq() > w.seq) {
       continue;
     }
-    st.kept_alive -= used->kept.take_if(
+    used->take_if(
         w.seq,
         [&](uint64_t seq, const c10::Storage& storage) {
           const StorageEntry* e = find_storage_locked(st, storage.unsafeGetStorageImpl());
           return e != nullptr && e->home == waiter.id &&
-                 st.tracker->is_ordered(waiter.id, Position{used->id, seq});
+                 st.tracker->is_ordered(waiter.id, Position{w.stream, seq});
         },
         released);
   }
@@ -209,13 +210,10 @@ void release_ordered_locked(LiveState& st, const StreamEntry& waiter,
 }
 
 void hand_to_allocator_locked(LiveState& st, std::vector<c10::Storage>& released) {
-  for (auto& [stream, entry] : st.streams) {
-    const c10::Stream s = stream;
-    entry->kept.take_all(released, [&](uint64_t, c10::Storage& storage) {
-      c10::impl::getDeviceGuardImpl(s.device_type())->recordDataPtrOnStream(storage.data_ptr(), s);
-    });
-  }
-  st.kept_alive = 0;
+  st.kept.take_all(released, [&](StreamId id, c10::Storage& storage) {
+    const c10::Stream s = st.streams.at(id).stream;
+    c10::impl::getDeviceGuardImpl(s.device_type())->recordDataPtrOnStream(storage.data_ptr(), s);
+  });
 }
 
 }  // namespace detail

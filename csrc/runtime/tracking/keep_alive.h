@@ -1,9 +1,8 @@
 // Internal to the tracker. The keep-alive room: allocator safety (docs/design.md, "The rules") for
 // storages used off their allocation stream, by keeping them alive until the use completes (per
-// stream core::KeepAliveQueue, polled) or by the allocator's record_stream. Touches
-// StreamEntry::kept, LiveState::kept_alive and launches_since_poll, the storage entries' `recorded`
-// set, and records events on streams (through streams.h). Callers of *_locked hold
-// LiveState::mutex.
+// stream in LiveState::kept, polled) or by the allocator's record_stream. Changes LiveState::kept
+// through its methods and the storage entries' `recorded` set, and records events on streams
+// (through streams.h). Callers of *_locked hold LiveState::mutex.
 #pragma once
 
 #include "state.h"

@@ -34,7 +34,7 @@ void end_run_locked(ThreadRun& run, LiveState& st, StreamId next) {
 
 void settle_locked(LiveState& st, const std::vector<Launched>& launched) {
   for (const Launched& l : launched) {
-    if (StreamEntry* se = find_stream_locked(st, l.id)) {
+    if (StreamEntry* se = st.streams.find(l.id)) {
       se->log.finish(l.seq);
     }
   }
@@ -51,7 +51,7 @@ void enter_streams(const std::vector<c10::Device>& devices) {
   LiveState& st = state();
   std::lock_guard<std::mutex> lock(st.mutex);
   for (const c10::Device& d : devices) {
-    acquire_stream_locked(st, c10::impl::getDeviceGuardImpl(d.type())->getStream(d));
+    st.streams.acquire(c10::impl::getDeviceGuardImpl(d.type())->getStream(d));
   }
 }
 
@@ -84,7 +84,7 @@ void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool asy
   for (size_t di = 0; di < devices.size(); ++di) {
     const c10::Device device = devices[di];
     const c10::Stream stream = c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
-    StreamEntry& se = acquire_stream_locked(st, stream);
+    StreamEntry& se = st.streams.acquire(stream);
     if (world) {
       join_world_locked(*world, se);
     }
@@ -264,7 +264,7 @@ void finish(ThreadRun& run, std::vector<Launched>& launched, uint64_t period,
         if (g == launched.size()) {
           // A factory (no input on this device): the op ran on the device's current stream.
           const c10::Stream stream = c10::impl::getDeviceGuardImpl(d.type())->getStream(d);
-          StreamEntry& se = acquire_stream_locked(st, stream);
+          StreamEntry& se = st.streams.acquire(stream);
           if (world) {
             join_world_locked(*world, se);
           }

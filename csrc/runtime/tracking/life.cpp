@@ -78,10 +78,10 @@ void go_live() {
   LiveState& st = state();
   {
     std::lock_guard<std::mutex> lock(st.mutex);
-    reset_locked(st);
+    st.reset();
     // Work launched before (untracked) is ordered before tracked work: each stream waits for
     // this baseline at its first use.
-    record_baseline_locked(st);
+    st.streams.record_baseline();
   }
   g_live.store(true, std::memory_order_release);
 }
@@ -103,7 +103,7 @@ bool go_idle() {
   {
     std::lock_guard<std::mutex> lock(st.mutex);
     period = st.period;
-    barrier_locked(st);
+    st.streams.barrier();
     // CPU memory a non_blocking copy may still be writing: CPU ops will no longer be observed, so
     // wait here (after the lock) for the copies.
     pending_copies_locked(st, host_pending);
@@ -133,9 +133,9 @@ bool go_idle() {
   {
     // Again, for what other threads launched while the callback was still installed.
     std::lock_guard<std::mutex> lock(st.mutex);
-    barrier_locked(st);
+    st.streams.barrier();
     hand_to_allocator_locked(st, released);
-    reset_locked(st);
+    st.reset();
   }
   released.clear();  // after the lock: may free memory
   return true;

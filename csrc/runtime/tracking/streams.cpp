@@ -1,11 +1,9 @@
-// The stream log room (see streams.h): positions and events per c10 stream, the baseline and the
-// barrier of a live period, and external waits (which can end keep-alives, through keep_alive.h).
-// Touches the stream parts of LiveState.
+// The stream events room (see streams.h): events by position on the streams of a live period,
+// and external waits (which can end keep-alives, through keep_alive.h).
 #include "streams.h"
 #include "capture.h"
 #include "keep_alive.h"
 
-#include "../devices.h"
 #include "../warn.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -16,37 +14,8 @@ namespace torch_pipeline {
 namespace tracking {
 namespace detail {
 
-namespace {
-const c10::impl::DeviceGuardImplInterface* guard_impl(c10::DeviceType type) {
-  return c10::impl::getDeviceGuardImpl(type);
-}
-}  // namespace
-
-StreamEntry& acquire_stream_locked(LiveState& st, const c10::Stream& s) {
-  auto it = st.streams.find(s);
-  if (it != st.streams.end()) {
-    return *it->second;
-  }
-  auto entry = std::make_unique<StreamEntry>(st.next_stream++, s);
-  for (const auto& [from, event] : st.baseline) {
-    if (from.device() == s.device() && from != s) {
-      event.block(s);
-      count(&Counters::waits);
-    }
-  }
-  StreamEntry& out = *entry;
-  st.by_id.emplace(out.id, entry.get());
-  st.streams.emplace(s, std::move(entry));
-  return out;
-}
-
-StreamEntry* find_stream_locked(LiveState& st, StreamId id) {
-  const auto it = st.by_id.find(id);
-  return it == st.by_id.end() ? nullptr : it->second;
-}
-
 Reach event_at_locked(LiveState& st, const Position& p) {
-  StreamEntry& e = *st.by_id.at(p.stream);
+  StreamEntry& e = st.streams.at(p.stream);
   if (const auto* kept = e.log.event_at(p.seq)) {
     return Reach{kept->second, p.seq};
   }
@@ -76,7 +45,7 @@ Reach event_at_locked(LiveState& st, const Position& p) {
 }
 
 void record_locked(LiveState& st, StreamId id, uint64_t seq) {
-  StreamEntry& e = *st.by_id.at(id);
+  StreamEntry& e = st.streams.at(id);
   const uint64_t label = e.log.label_for(seq);
   if (label == 0) {
     return;
@@ -96,47 +65,6 @@ void record_locked(LiveState& st, StreamId id, uint64_t seq) {
   count(&Counters::events);
 }
 
-void record_baseline_locked(LiveState& st) {
-  for (const c10::Device& d : initialized_accelerator_devices()) {
-    const auto* impl = guard_impl(d.type());
-    for (const c10::Stream& s : {impl->getStream(d), impl->getDefaultStream(d)}) {
-      if (captures_now(s)) {
-        continue;  // (capturing: an event recorded there would be part of the graph)
-      }
-      const bool seen = std::any_of(st.baseline.begin(), st.baseline.end(),
-                                    [&](const auto& b) { return b.first == s; });
-      if (!seen) {
-        st.baseline.emplace_back(s, c10::Event(d.type()));
-        st.baseline.back().second.record(s);
-      }
-    }
-  }
-}
-
-void barrier_locked(LiveState& st) {
-  std::vector<std::pair<c10::Stream, c10::Event>> ends;
-  std::vector<c10::Stream> waiters;
-  for (const auto& [stream, entry] : st.streams) {
-    ends.emplace_back(stream, c10::Event(stream.device_type()));
-    ends.back().second.record(stream);
-    waiters.push_back(stream);
-    const auto* impl = guard_impl(stream.device_type());
-    for (const c10::Stream& s :
-         {impl->getDefaultStream(stream.device()), impl->getStream(stream.device())}) {
-      if (std::find(waiters.begin(), waiters.end(), s) == waiters.end()) {
-        waiters.push_back(s);
-      }
-    }
-  }
-  for (const c10::Stream& stream : waiters) {
-    for (const auto& [from, event] : ends) {
-      if (from != stream && from.device() == stream.device()) {
-        event.block(stream);
-      }
-    }
-  }
-}
-
 }  // namespace detail
 
 // ---- external waits
@@ -149,11 +77,11 @@ Mark mark(const c10::Stream& stream) {
   const WorldPtr world = world_of_stream(stream);  // capturing: a position in its capture
   LiveState& st = world ? world->st : state();
   std::lock_guard<std::mutex> lock(st.mutex);
-  const auto it = st.streams.find(stream);
-  if (it == st.streams.end()) {
+  const StreamEntry* e = st.streams.find(stream);
+  if (e == nullptr) {
     return Mark{};  // nothing tracked there in this period
   }
-  return Mark{st.period, it->second->id, it->second->log.settled()};
+  return Mark{st.period, e->id, e->log.settled()};
 }
 
 void waited(const c10::Stream& waiter, const Mark& m) {
@@ -168,7 +96,7 @@ void waited(const c10::Stream& waiter, const Mark& m) {
       return;
     }
     std::lock_guard<std::mutex> lock(world->st.mutex);
-    StreamEntry& w = acquire_stream_locked(world->st, waiter);
+    StreamEntry& w = world->st.streams.acquire(waiter);
     world->ledger.join(w.id);
     if (w.id != m.stream) {
       world->st.tracker->waited(w.id, Position{m.stream, m.seq});
@@ -184,7 +112,7 @@ void waited(const c10::Stream& waiter, const Mark& m) {
   if (st.period != m.period) {
     return;
   }
-  StreamEntry& w = acquire_stream_locked(st, waiter);
+  StreamEntry& w = st.streams.acquire(waiter);
   if (w.id != m.stream) {
     const Position producer{m.stream, m.seq};
     st.tracker->waited(w.id, producer);

@@ -1,8 +1,7 @@
-// Internal to the tracker. The stream log room: binds core::StreamLog to c10 streams and events
-// (positions handed out, settled, events kept by position), the go-live baseline, the go-idle
-// barrier, and external waits (tracking::mark / tracking::waited). Touches LiveState::streams,
-// by_id, next_stream, baseline, and LiveState::tracker for external waits. Callers of *_locked
-// hold LiveState::mutex.
+// Internal to the tracker. The stream events room: the events kept by position on the streams of
+// a live period (LiveState::streams, whose StreamTable holds the entries and the baseline), and
+// external waits (tracking::mark / tracking::waited), which it tells LiveState::tracker and the
+// keep-alive room. Callers of *_locked hold LiveState::mutex.
 #pragma once
 
 #include "state.h"
@@ -13,10 +12,6 @@ namespace torch_pipeline {
 namespace tracking {
 namespace detail {
 
-// The entry of `stream`, created on its first use in the period (it then waits for the baseline).
-StreamEntry& acquire_stream_locked(LiveState& st, const c10::Stream& stream);
-// The entry of stream `id`; nullptr if unknown.
-StreamEntry* find_stream_locked(LiveState& st, StreamId id);
 // An event recorded after position `p`, and how far it reaches on p's stream: the first kept at
 // or after p (recorded when every position up to its label had finished launching: it reaches
 // p's whole prefix; a later one over-waits, which is safe), else one recorded now. One recorded
@@ -31,12 +26,6 @@ Reach event_at_locked(LiveState& st, const Position& p);
 // Records (and keeps) an event after position `seq` of stream `id`, lowered below positions
 // other threads are still launching; nothing if one is kept there already.
 void record_locked(LiveState& st, StreamId id, uint64_t seq);
-// Going live: events on the current and default streams of every device, which each stream
-// waits for at its first use in the period.
-void record_baseline_locked(LiveState& st);
-// Going idle: every tracked stream, and each device's default and this thread's current stream,
-// waits for all tracked work of its device.
-void barrier_locked(LiveState& st);
 
 }  // namespace detail
 }  // namespace tracking
