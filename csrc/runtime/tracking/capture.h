@@ -11,6 +11,7 @@
 #pragma once
 
 #include "state.h"
+#include "storages.h"
 
 #include "../../core/capture_state.h"
 #include "../capture.h"
@@ -79,6 +80,37 @@ void capture_use_locked(CaptureWorld& w, StreamEntry& se, const c10::Storage& st
 // A fresh output of a captured op on world stream `home`: born in the capture, written by the
 // graph (host memory, which a captured copy writes at every replay, is kept alive).
 void capture_output_locked(CaptureWorld& w, const c10::Storage& storage, core::StreamId home);
+
+// The capture target of a launch (Note [Launch targets], launch.cpp): the op is captured into the
+// graph of `w`, in w's state.
+class CaptureTarget {
+ public:
+  static constexpr bool kHomeUses = false;  // (every use goes to the ledger)
+  explicit CaptureTarget(CaptureWorld& w) : w_(w) {}
+  LiveState& state() { return w_.st; }
+  void before_launch(std::vector<c10::Storage>&) {}  // (no event may be queried in a capture)
+  void enter(StreamEntry& se) { join_world_locked(w_, se); }
+  void use(StorageEntry&, StreamEntry& se, const c10::Storage& storage, const Access& a, bool) {
+    capture_use_locked(w_, se, storage, a.write);  // (perhaps kept for the graph's lifetime)
+  }
+  void launched(StreamEntry& se, const core::DependencyTracker::Launch& launch,
+                std::vector<c10::Storage>&) {
+    w_.ledger.launched(se.id, launch.position.seq);
+  }
+  void factory_launched(StreamEntry& se, uint64_t seq) { w_.ledger.launched(se.id, seq); }
+  // (a storage's home only matters for keeping it alive, which a capture does not do: its ledger
+  // keeps what the graph uses)
+  void moved(const std::vector<at::Tensor>&, const std::vector<Launched>&) {}
+  void output(const at::Tensor& out, Position definition) {
+    capture_output_locked(w_, out.storage(), definition.stream);  // born in the graph
+    if (!out.device().is_cpu()) {
+      add_young_locked(w_.st, out.storage(), definition);
+    }  // (host memory is not watched for a capture: the copy runs at replays)
+  }
+
+ private:
+  CaptureWorld& w_;
+};
 
 // Whether the main state must not record an event on `stream` now: a capture is underway and
 // `stream` captures into it (the event would be part of the graph, and a stream that waited for

@@ -55,39 +55,82 @@ void enter_streams(const std::vector<c10::Device>& devices) {
   }
 }
 
-void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool async,
-                   std::vector<Launched>& launched, uint64_t& period,
-                   std::optional<c10::Device> target) {
-  LiveState& main = state();
-  // The devices, in order of first appearance (a copy to `target` runs there).
-  auto& devices = run.devices;
-  devices.clear();
-  if (target.has_value()) {
-    devices.push_back(*target);
-  }
-  for (const Access& a : accesses) {
-    const c10::Device d = a.tensor->device();
-    if (!d.is_cpu() && std::find(devices.begin(), devices.end(), d) == devices.end()) {
-      devices.push_back(d);
+namespace {
+
+// Note [Launch targets]: an op launches into one of two targets, which share the launch below
+// (device_launch, finish) and differ in what entering a stream, a use, a launch and a fresh output
+// mean. The eager target is the main state: the op runs now, so a storage used off its home stream
+// is protected from the allocator, watched host memory is noted, and a wait can let kept storages
+// go. The capture target (capture.h) is a capture's world: the op is captured into a graph, so a
+// stream joins the capture, a use goes to the graph's ledger, and nothing is polled. The launch is
+// a template over the target: the eager path has no capture branch.
+class EagerTarget {
+ public:
+  static constexpr bool kHomeUses = true;  // (Note [Home-stream uses])
+  EagerTarget(LiveState& st, ThreadRun& run) : st_(st), run_(run) {}
+  LiveState& state() { return st_; }
+  void before_launch(std::vector<c10::Storage>& released) { maybe_poll_locked(st_, released); }
+  void enter(StreamEntry&) {}
+  void use(StorageEntry& e, StreamEntry& se, const c10::Storage& storage, const Access& a,
+           bool cpu_here) {
+    if (cpu_here) {
+      watch_locked(e);
+      return;
+    }
+    protect_use_locked(e, se, storage, keep_alive_, run_.keep_alive);
+    if (a.write && a.may_move) {
+      protect_old_block_locked(e, se, storage);
     }
   }
-  const bool keep_alive = keeping_alive();
-  // During a graph capture the op is captured: it launches in the capture's own state.
-  const WorldPtr world = world_for_launch(devices);
-  LiveState& st = world ? world->st : main;
+  void launched(StreamEntry& se, const core::DependencyTracker::Launch& launch,
+                std::vector<c10::Storage>& released) {
+    if (!launch.waits.empty()) {
+      release_ordered_locked(st_, se, launch.waits, released);
+    }
+  }
+  void factory_launched(StreamEntry&, uint64_t) {}
+  void moved(const std::vector<at::Tensor>& moved, const std::vector<Launched>& launched) {
+    for (const at::Tensor& m : moved) {
+      for (const Launched& l : launched) {
+        if (l.device() == m.device()) {
+          if (StorageEntry* e = find_storage_locked(st_, m.storage().unsafeGetStorageImpl())) {
+            e->moved_to(l.id);  // (else a use off the new home would not be kept alive)
+          }
+          break;
+        }
+      }
+    }
+  }
+  void output(const at::Tensor& out, Position definition) {
+    if (!out.device().is_cpu()) {
+      add_young_locked(st_, out.storage(), definition);
+      return;
+    }
+    StorageEntry& e = acquire_storage_locked(st_, out.storage());  // watched host memory
+    watch_locked(e);
+    e.pending_definition = definition;
+  }
+
+ private:
+  LiveState& st_;
+  ThreadRun& run_;
+  const bool keep_alive_ = keeping_alive();
+};
+
+template <class Target>
+void launch_in(Target& target, ThreadRun& run, const std::vector<Access>& accesses, bool async,
+               std::vector<Launched>& launched, uint64_t& period) {
+  LiveState& st = target.state();
+  const auto& devices = run.devices;
   std::vector<c10::Storage> released;  // dropped after the lock (declared before it)
   std::lock_guard<std::mutex> lock(st.mutex);
   period = st.period;
-  if (!world) {
-    maybe_poll_locked(st, released);
-  }
+  target.before_launch(released);
   for (size_t di = 0; di < devices.size(); ++di) {
     const c10::Device device = devices[di];
     const c10::Stream stream = c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
     StreamEntry& se = st.streams.acquire(stream);
-    if (world) {
-      join_world_locked(*world, se);
-    }
+    target.enter(se);
     auto& reads = run.reads;
     auto& writes = run.writes;
     auto& home_uses = run.home_uses;
@@ -103,27 +146,17 @@ void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool asy
       const c10::Storage& storage = a.tensor->storage();
       const c10::StorageImpl* key = storage.unsafeGetStorageImpl();
       // Note [Home-stream uses]: a storage made on this stream and used only here so far needs no
-      // wait and no allocator protection; its use is noted after the launch. (Not in a capture,
-      // not for a write that may give it new memory: those need its entry.)
+      // wait and no allocator protection; its use is noted after the launch. (Not for a write that
+      // may give it new memory: that needs its entry.)
       StreamId pending_home = 0;
       StorageEntry* found = st.storages.lookup(key, &pending_home);
-      if (!world && !cpu_here && !(a.write && a.may_move) && pending_home == se.id) {
+      if (Target::kHomeUses && !cpu_here && !(a.write && a.may_move) && pending_home == se.id) {
         home_uses.push_back(ThreadRun::HomeUse{key, found, a.write});
         continue;
       }
       StorageEntry& e = found != nullptr ? *found : acquire_storage_locked(st, storage);
       define_pending_locked(st, e);
-      if (world) {
-        capture_use_locked(*world, se, storage,
-                           a.write);  // (perhaps kept for the graph's lifetime)
-      } else if (cpu_here) {
-        watch_locked(e);
-      } else {
-        protect_use_locked(e, se, storage, keep_alive, run.keep_alive);
-        if (a.write && a.may_move) {
-          protect_old_block_locked(e, se, storage);
-        }
-      }
+      target.use(e, se, storage, a, cpu_here);
       (a.write ? writes : reads).push_back(e.id);
     }
     // A storage also reached by another access of this op (which told the tracker its state) is
@@ -169,81 +202,24 @@ void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool asy
     wait_events.clear();
     count(&Counters::launches);
     count(&Counters::waits, launch.waits.size());
-    if (world) {
-      world->ledger.launched(se.id, launch.position.seq);
-    } else if (!launch.waits.empty()) {
-      release_ordered_locked(st, se, launch.waits, released);
-    }
+    target.launched(se, launch, released);
     launched.push_back(Launched{stream, se.id, launch.position.seq});
   }
 }
 
-namespace {
-// The state an op launched in (period: its launch's; 0: none yet, then the world of `devices`):
-// the main one, a capture's (held by `world`), or nullptr once that capture has ended.
-LiveState* launch_state(uint64_t period, WorldPtr& world, const std::vector<c10::Device>& devices) {
-  if (is_capture_period(period)) {
-    world = world_of_period(period);
-    return world ? &world->st : nullptr;
-  }
-  if (period == 0 && !devices.empty()) {
-    world = world_for_launch(devices);
-    if (world) {
-      return &world->st;
-    }
-  }
-  return &state();
-}
-}  // namespace
-
-void settle(const std::vector<Launched>& launched, uint64_t period) {
-  WorldPtr world;
-  LiveState* st_or_null = launch_state(period, world, {});
-  if (st_or_null == nullptr) {
-    return;
-  }
-  LiveState& st = *st_or_null;
-  std::lock_guard<std::mutex> lock(st.mutex);
-  if (st.period == period) {
-    settle_locked(st, launched);
-  }
-}
-
-void finish(ThreadRun& run, std::vector<Launched>& launched, uint64_t period,
-            const std::vector<at::Tensor>* fresh, bool async,
-            const std::vector<at::Tensor>* moved) {
-  WorldPtr world;
-  std::vector<c10::Device> factory_devices;  // (a factory: where its outputs are)
-  if (period == 0 && fresh != nullptr) {
-    for (const at::Tensor& out : *fresh) {
-      if (!out.device().is_cpu()) {
-        factory_devices.push_back(out.device());
-      }
-    }
-  }
-  LiveState* st_or_null = launch_state(period, world, factory_devices);
-  if (st_or_null == nullptr) {
-    record_instead(run.keep_alive);  // the capture it launched in has ended
-    return;
-  }
-  LiveState& st = *st_or_null;
+template <class Target>
+void finish_in(Target& target, ThreadRun& run, std::vector<Launched>& launched, uint64_t period,
+               const std::vector<at::Tensor>* fresh, bool async,
+               const std::vector<at::Tensor>* moved) {
+  LiveState& st = target.state();
   std::lock_guard<std::mutex> lock(st.mutex);
   if (period != 0 && st.period != period) {
     record_instead(run.keep_alive);  // tracking went idle (and maybe live again) since the launch
     return;
   }
   settle_locked(st, launched);
-  if (moved != nullptr && !world) {
-    for (const at::Tensor& m : *moved) {
-      for (const Launched& l : launched) {
-        if (l.device() == m.device()) {
-          if (StorageEntry* e = find_storage_locked(st, m.storage().unsafeGetStorageImpl())) {
-            e->moved_to(l.id);  // (else a use off the new home would not be kept alive)
-          }
-          break;
-        }
-      }
-    }
+  if (moved != nullptr) {
+    target.moved(*moved, launched);
   }
   if (fresh != nullptr) {
     for (const at::Tensor& out : *fresh) {
@@ -265,33 +241,16 @@ void finish(ThreadRun& run, std::vector<Launched>& launched, uint64_t period,
           // A factory (no input on this device): the op ran on the device's current stream.
           const c10::Stream stream = c10::impl::getDeviceGuardImpl(d.type())->getStream(d);
           StreamEntry& se = st.streams.acquire(stream);
-          if (world) {
-            join_world_locked(*world, se);
-          }
+          target.enter(se);
           end_run_locked(run, st, se.id);
           const auto launch = st.tracker->launch(se.id, {}, {});
           se.log.note_launched(launch.position.seq);  // (launched already: the op has run)
-          if (world) {
-            world->ledger.launched(se.id, launch.position.seq);
-          }
+          target.factory_launched(se, launch.position.seq);
           count(&Counters::launches);
           launched.push_back(Launched{stream, se.id, launch.position.seq});
         }
       }
-      const Position definition{launched[g].id, launched[g].seq};
-      if (world) {
-        capture_output_locked(*world, out.storage(), definition.stream);  // born in the graph
-        if (d.is_cpu()) {
-          continue;  // (host memory is not watched for a capture: the copy runs at replays)
-        }
-      }
-      if (!d.is_cpu()) {
-        add_young_locked(st, out.storage(), definition);
-        continue;
-      }
-      StorageEntry& e = acquire_storage_locked(st, out.storage());  // watched host memory
-      watch_locked(e);
-      e.pending_definition = definition;
+      target.output(out, Position{launched[g].id, launched[g].seq});
     }
   }
   start_keep_alive_locked(st, run.keep_alive, launched);
@@ -302,6 +261,80 @@ void finish(ThreadRun& run, std::vector<Launched>& launched, uint64_t period,
     for (const Launched& l : launched) {
       record_locked(st, l.id, l.seq);
     }
+  }
+}
+
+}  // namespace
+
+void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool async,
+                   std::vector<Launched>& launched, uint64_t& period,
+                   std::optional<c10::Device> target) {
+  // The devices, in order of first appearance (a copy to `target` runs there).
+  auto& devices = run.devices;
+  devices.clear();
+  if (target.has_value()) {
+    devices.push_back(*target);
+  }
+  for (const Access& a : accesses) {
+    const c10::Device d = a.tensor->device();
+    if (!d.is_cpu() && std::find(devices.begin(), devices.end(), d) == devices.end()) {
+      devices.push_back(d);
+    }
+  }
+  // During a graph capture the op is captured: it launches into the capture's world.
+  if (const WorldPtr world = world_for_launch(devices)) {
+    CaptureTarget in_capture(*world);
+    launch_in(in_capture, run, accesses, async, launched, period);
+  } else {
+    EagerTarget eager(state(), run);
+    launch_in(eager, run, accesses, async, launched, period);
+  }
+}
+
+void settle(const std::vector<Launched>& launched, uint64_t period) {
+  WorldPtr world;
+  if (is_capture_period(period)) {
+    world = world_of_period(period);
+    if (!world) {
+      return;  // (the capture has ended)
+    }
+  }
+  LiveState& st = world ? world->st : state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  if (st.period == period) {
+    settle_locked(st, launched);
+  }
+}
+
+void finish(ThreadRun& run, std::vector<Launched>& launched, uint64_t period,
+            const std::vector<at::Tensor>* fresh, bool async,
+            const std::vector<at::Tensor>* moved) {
+  // The target the op launched into (period 0, nothing launched yet: a factory, into the target
+  // of the devices of its outputs).
+  WorldPtr world;
+  if (is_capture_period(period)) {
+    world = world_of_period(period);
+    if (!world) {
+      record_instead(run.keep_alive);  // the capture it launched in has ended
+      return;
+    }
+  } else if (period == 0 && fresh != nullptr) {
+    std::vector<c10::Device> factory_devices;
+    for (const at::Tensor& out : *fresh) {
+      if (!out.device().is_cpu()) {
+        factory_devices.push_back(out.device());
+      }
+    }
+    if (!factory_devices.empty()) {
+      world = world_for_launch(factory_devices);
+    }
+  }
+  if (world) {
+    CaptureTarget in_capture(*world);
+    finish_in(in_capture, run, launched, period, fresh, async, moved);
+  } else {
+    EagerTarget eager(state(), run);
+    finish_in(eager, run, launched, period, fresh, async, moved);
   }
 }
 
