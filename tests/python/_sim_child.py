@@ -35,12 +35,15 @@ class Collect:
         name = report.nodeid.split("::", 1)[1]
         if report.when != "call" and report.outcome == "passed":
             return
-        if report.outcome == "skipped" and isinstance(report.longrepr, tuple):
+        outcome = report.outcome
+        if hasattr(report, "wasxfail") and report.skipped:
+            outcome, text = "xfailed", report.wasxfail  # an expected failure, with its reason
+        elif report.outcome == "skipped" and isinstance(report.longrepr, tuple):
             text = report.longrepr[2]
         else:
             text = report.longreprtext
         if name not in self.results or self.results[name][0] == "passed":
-            self.results[name] = [report.outcome, text]
+            self.results[name] = [outcome, text]
 
 class Shard:
     # TORCH_PIPELINE_SIM_TEST_SHARD="i/n": this child runs every n-th test from the i-th.
@@ -114,6 +117,10 @@ def install_proxies(module_globals: MutableMapping[str, Any], module_file: str,
             if failed:
                 pytest.fail("in the sim test process:\n" +
                             "\n".join(f"{k}:\n{v}" for k, v in failed.items()), pytrace=False)
+            xfailed = {k: v[1] for k, v in mine.items() if v[0] == "xfailed"}
+            if xfailed:  # (strict xfail: an unexpected pass is a failure, reported above)
+                reasons = sorted(set(xfailed.values()))
+                pytest.xfail(f"{', '.join(sorted(xfailed))}: {'; '.join(reasons)}")
             if all(v[0] == "skipped" for v in mine.values()):
                 pytest.skip(next(iter(mine.values()))[1])
 
