@@ -6,8 +6,9 @@ Every ported test runs twice, in the sim's synchronous and in its asynchronous m
 fixture, parametrized by :func:`parametrize_modes` from the module's ``pytest_generate_tests``),
 from the same state: device 0, the default streams current, the host synchronized with both
 devices, no latency set, automatic synchronization (torch_pipeline's tracking) off so that the
-sim behaves as a plain device, and no race recorded. PyTorch's tests are correctly synchronized
-programs, so a test also fails when the race checker reported a race during it.
+sim behaves as a plain device, and no race recorded. A test also fails when the race checker
+reported a race during it: PyTorch's tests are meant to be correctly synchronized programs (where
+one is not, its port adds the missing wait and says so).
 
 :func:`sleep_ms` stands in for ``torch.cuda._sleep(cycles)``, the spin kernel PyTorch's tests use
 to keep a stream busy: a kernel on the current stream that takes that long on the device (in
@@ -17,6 +18,7 @@ mode the calling thread does, after the kernel, as every sim kernel).
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any, Iterator, Tuple
 
 import pytest
@@ -24,8 +26,17 @@ import pytest
 from _sim_child import IN_CHILD
 
 MODES = ("sync", "async")
-# The op whose kernels sleep_ms() makes slow: no ported test uses it otherwise.
-_SLEEP_OP = "aten::sinh.out"
+# The ops whose kernels sleep_ms() makes slow (no ported test uses them otherwise): one per sleep
+# running at once, since the modelled time is set per op (threads sleep at the same time).
+_SLEEP_OPS = [("aten::sinh.out", "sinh_"), ("aten::cosh.out", "cosh_"),
+              ("aten::tanh.out", "tanh_"), ("aten::asinh.out", "asinh_")]
+_free_sleep_ops = list(_SLEEP_OPS)
+_sleep_lock = threading.Lock()
+
+
+class Difference(Exception):
+    """A known difference from CUDA, raised at the end of a test that checked everything else
+    first: a test marked ``xfail(strict=True, raises=Difference)`` fails on any other error."""
 
 
 def parametrize_modes(metafunc: Any) -> None:
@@ -42,11 +53,17 @@ def sleep_ms(ms: float) -> None:
     import torch_pipeline.sim as sim
 
     busy = torch.zeros(1, device=f"sim:{torch.accelerator.current_device_index()}")
-    sim.set_latency(op=_SLEEP_OP, us=ms * 1000.0)  # read when the kernel is queued
+    with _sleep_lock:
+        op, method = _free_sleep_ops.pop()
     try:
-        busy.sinh_()
+        sim.set_latency(op=op, us=ms * 1000.0)  # read when the kernel is queued
+        try:
+            getattr(busy, method)()
+        finally:
+            sim.set_latency(op=op, us=None)
     finally:
-        sim.set_latency(op=_SLEEP_OP, us=None)
+        with _sleep_lock:
+            _free_sleep_ops.append((op, method))
 
 
 def is_async() -> bool:
@@ -106,10 +123,11 @@ def ported_fixtures(num_devices: int = 2, as_cuda: bool = False) -> Tuple[Any, A
         sim.set_asynchronous(which == "async")
         if which == "async":
             # An op is queued by a plan for its outputs that is checked against the CPU kernel
-            # the first time (the op then runs at once, on the host): sleep_ms()'s kernel is run
-            # once here, so that its plan is checked before a test relies on it being queued.
+            # the first time (the op then runs at once, on the host): sleep_ms()'s kernels run
+            # once here, so that their plans are checked before a test relies on them queued.
             for d in range(num_devices):
-                torch.zeros(1, device=f"sim:{d}").sinh_()
+                for _, method in _SLEEP_OPS:
+                    getattr(torch.zeros(1, device=f"sim:{d}"), method)()
                 sim.synchronize(d)
         yield which
         for d in range(num_devices):

@@ -105,7 +105,7 @@ def test_accelerator_current_stream_query() -> None:
         torch.accelerator.current_stream(torch.device("cpu"))
 
 
-@pytest.mark.xfail(strict=True, reason=(
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
     "not the sim: torch 2.13's torch.Stream compares wrongly with None (s != None is False) and "
     "orders streams (s1 < s2 is False instead of a TypeError), the same on CUDA; the test checks "
     "PyTorch's later fix (pytorch/pytorch#188033)"))
@@ -216,7 +216,8 @@ class _Batch:
         self.copy = False
 
 
-_PIN_MEMORY_DEVICE = pytest.mark.xfail(strict=True, reason=(
+_PIN_MEMORY_DEVICE = pytest.mark.xfail(
+    strict=True, raises=(TypeError, AssertionError), reason=(
     "not the sim: torch 2.13's torch.utils.data pin_memory() calls a batch's pin_memory() without "
     "the device (the same on CUDA); the test checks a later PyTorch that passes it"))
 
@@ -428,7 +429,7 @@ def test_openreg_data_dependent_output() -> None:
     assert torch.equal(out.cpu(), cpu_a.masked_select(cpu_a.gt(0)))
 
 
-@pytest.mark.xfail(strict=True, reason=(
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
     "needs C++: the sim registers no generator of its own (its random ops draw from the CPU "
     "generator), so torch.Generator(device='sim:1') is a CPU generator: device cpu, not sim:1"))
 def test_openreg_generator() -> None:
@@ -604,7 +605,8 @@ def test_streams_stream_wait_stream() -> None:
 
 
 def test_streams_stream_wait_event() -> None:
-    """torch_openreg/tests/test_streams.py::TestStream::test_stream_wait_event (+ a slow producer)"""
+    """torch_openreg/tests/test_streams.py::TestStream::test_stream_wait_event (+ a slow
+    producer)"""
     s1, s2 = torch.Stream(device=DEV), torch.Stream(device=DEV)
     with s1:
         x = torch.zeros(64, device=DEV)
@@ -736,7 +738,8 @@ def test_event_device_synchronization() -> None:
 
 
 def test_event_blocking_vs_non_blocking_synchronization() -> None:
-    """torch_openreg/tests/test_event.py::TestEvent::test_blocking_vs_non_blocking_synchronization"""
+    """torch_openreg/tests/test_event.py::TestEvent::
+    test_blocking_vs_non_blocking_synchronization"""
     stream = torch.Stream(device=f"{DEV}:0")
     event = torch.Event(device=f"{DEV}:0")
     assert event.query()
@@ -886,7 +889,7 @@ def test_memory_tensor_copy_operations() -> None:
     assert torch.allclose(dev_tensor.cpu(), cloned.cpu())
 
 
-@pytest.mark.xfail(strict=True, reason=(
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
     "not the sim: torch 2.13's TensorImpl::has_compatible_shallow_copy_type counts no PrivateUse1 "
     "tensor as dense (c10/core/TensorImpl.h lists CPU, CUDA, MPS, HIP, XPU, HPU, MTIA), so "
     "torch._has_compatible_shallow_copy_type(cpu, sim) is False for any PrivateUse1 backend; "
@@ -981,7 +984,8 @@ def test_memory_sequential_allocations_and_deallocations() -> None:
 
 
 def test_memory_allocation_with_requires_grad() -> None:
-    """torch_openreg/tests/test_memory.py::TestDeviceAllocator::test_allocation_with_requires_grad"""
+    """torch_openreg/tests/test_memory.py::TestDeviceAllocator::
+    test_allocation_with_requires_grad"""
     x = torch.empty(100, device=DEV, requires_grad=True)
     assert x.device.type == DEV and x.requires_grad
     y = torch.randn(100, device=DEV, requires_grad=True)
