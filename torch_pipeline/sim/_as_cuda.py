@@ -46,9 +46,10 @@ MAPPED: Dict[str, str] = {
     "device": "context manager: the current sim device inside",
     "device_of": "context manager: the device of a tensor",
     "synchronize": "the host waits for every stream of the device",
-    "Stream": "a sim stream (a torch.Stream); priority as on CUDA, from a pool of 32 per priority "
-              "per device handed out round robin as CUDA's: one that is the same stream as a "
-              "live one made elsewhere is warned about with both lines",
+    "Stream": "a sim stream (a torch.Stream); priority as on CUDA (priority_range() is (0, -3)), "
+              "from a pool of 32 per priority per device handed out round robin as CUDA's: one "
+              "that is the same stream as a live one made elsewhere is warned about with both "
+              "lines; its device and repr say cuda:i",
     "Event": "a sim event (a torch.Event); elapsed_time from the latency model",
     "stream": "context manager: the stream is current inside",
     "StreamContext": "the same, as a class",
@@ -68,10 +69,25 @@ MAPPED: Dict[str, str] = {
     "max_memory_allocated": "its peak",
     "memory_reserved": "the bytes it holds",
     "max_memory_reserved": "their peak",
+    "memory_stats": "the sim allocator's statistics (the CUDA caching allocator's keys)",
+    "mem_get_info": "(free, total) bytes of the sim device",
     "empty_cache": "gives the cached blocks back",
     "reset_peak_memory_stats": "resets the peaks",
+    "reset_accumulated_memory_stats": "resets the accumulated counts",
+    "caching_allocator_alloc": "a block of the sim allocator (device, stream), as its address",
+    "caching_allocator_delete": "frees a block caching_allocator_alloc returned",
     "host_memory_stats": "the pinned host allocator's statistics",
 }
+
+# The names above that torch.cuda.memory defines too (as_cuda replaces them there as well).
+_MEMORY_NAMES = frozenset({
+    "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+    "memory_stats", "mem_get_info", "empty_cache", "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats", "caching_allocator_alloc", "caching_allocator_delete",
+    "host_memory_stats"})
+
+# The sim's stream priorities (csrc/sim/state.h: kLowestPriority, kHighestPriority).
+_LOWEST_PRIORITY, _HIGHEST_PRIORITY = 0, -3
 
 
 def _sim_device(device: DeviceLike) -> torch.device:
@@ -82,9 +98,11 @@ def _sim_device(device: DeviceLike) -> torch.device:
         raise TypeError("device must be a torch.device, a str or an int, got a bool")
     if isinstance(device, int):
         return torch.device(_SIM, device)
+    if isinstance(device, _DeviceScope):  # torch.cuda.device(i), as CUDA's _get_device_index
+        return torch.device(_SIM, device.idx) if device.idx >= 0 else _sim_device(None)
     d = torch.device(device)
     if d.type not in (_CUDA, _SIM):
-        raise ValueError(f"expected a CUDA device, got {d}")
+        raise ValueError(f"Expected a cuda device, but got: {d}")  # CUDA's words
     index = torch.accelerator.current_device_index() if d.index is None else d.index
     return torch.device(_SIM, index)
 
@@ -118,6 +136,15 @@ _TENSOR_CUDA = torch.Tensor.cuda
 # A property's getter reaches the mode as a new method-wrapper each time: compared with ==.
 _IS_CUDA_GET = torch._C.TensorBase.is_cuda.__get__  # type: ignore[attr-defined]
 _DEVICE_GET = torch._C.TensorBase.device.__get__
+
+
+_STREAM_DEVICE_GET = torch.Stream.device.__get__  # type: ignore[attr-defined]
+
+
+def _mode_is_on() -> bool:
+    """Whether the calling thread runs under the mode (not inside a torch function it handles)."""
+    return any(isinstance(m, _CudaOnSim)
+               for m in torch.overrides._get_current_function_mode_stack())
 
 
 def _real_device(t: torch.Tensor) -> torch.device:
@@ -172,6 +199,22 @@ class Stream(torch.Stream):
     def cuda_stream(self) -> int:
         """An integer that identifies the stream (CUDA's is the cudaStream_t; here its id)."""
         return int(self.stream_id)
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        """The stream's device as the program sees it: ``cuda:i`` where the mode is on, like its
+        tensors' (``sim:i`` elsewhere, e.g. in backward functions on autograd's threads, which
+        move tensors to it)."""
+        device = _STREAM_DEVICE_GET(self)
+        return _cuda_view(device) if _mode_is_on() else device
+
+    @staticmethod
+    def priority_range() -> Tuple[int, int]:
+        """``(lowest, highest)`` priority, as ``torch.cuda.Stream.priority_range()``."""
+        return _LOWEST_PRIORITY, _HIGHEST_PRIORITY
+
+    def __repr__(self) -> str:
+        return f"<torch.cuda.Stream device={self.device} cuda_stream={self.cuda_stream:#x}>"
 
     @property
     def priority(self) -> int:  # type: ignore[override]
@@ -299,6 +342,11 @@ class _DeviceScope:
             else _index(device)
         self.previous = -1
 
+    @property
+    def idx(self) -> int:
+        """The device index (-1: no device), as ``torch.cuda.device(...).idx``."""
+        return self.index
+
     def __enter__(self) -> None:
         if self.index >= 0:
             self.previous = torch.accelerator.current_device_index()
@@ -326,6 +374,37 @@ def _default_stream(device: DeviceLike = None) -> Stream:
 
 def _synchronize(device: DeviceLike = None) -> None:
     _C._sim_synchronize(_index(device))
+
+
+# Blocks handed out by caching_allocator_alloc, by address, until caching_allocator_delete.
+_raw_blocks: Dict[int, torch.Tensor] = {}
+_raw_lock = threading.Lock()
+
+
+def _caching_allocator_alloc(size: int, device: DeviceLike = None,
+                             stream: Union[torch.Stream, int, None] = None) -> int:
+    index = _index(device)
+    if stream is None:
+        stream = torch.accelerator.current_stream(index)
+    elif isinstance(stream, int):  # CUDA's takes a cudaStream_t; here a cuda_stream (its id)
+        stream = torch.Stream(stream_id=stream, device_index=index,  # type: ignore[call-arg]
+                              device_type=torch.accelerator.current_stream(index).device_type)
+    elif not isinstance(stream, torch.Stream):
+        raise TypeError("Invalid type for stream argument, must be `torch.cuda.Stream` or `int` "
+                        "representing a pointer to an existing stream")
+    with torch.accelerator.device_index(index), stream:
+        block = torch.empty(int(size), dtype=torch.uint8, device=torch.device(_SIM, index))
+    with _raw_lock:
+        _raw_blocks[block.data_ptr()] = block
+    return block.data_ptr()
+
+
+def _caching_allocator_delete(mem_ptr: int) -> None:
+    with _raw_lock:
+        block = _raw_blocks.pop(int(mem_ptr), None)
+    if block is None:
+        raise RuntimeError(f"caching_allocator_delete: {int(mem_ptr):#x} is not a block that "
+                           f"torch.cuda.caching_allocator_alloc returned (invalid device pointer)")
 
 
 def _replacements() -> Dict[str, Any]:
@@ -363,8 +442,14 @@ def _replacements() -> Dict[str, Any]:
         "max_memory_allocated": lambda device=None: acc.max_memory_allocated(_index(device)),
         "memory_reserved": lambda device=None: acc.memory_reserved(_index(device)),
         "max_memory_reserved": lambda device=None: acc.max_memory_reserved(_index(device)),
+        "memory_stats": lambda device=None: acc.memory_stats(_index(device)),
+        "mem_get_info": lambda device=None: acc.get_memory_info(_index(device)),
         "empty_cache": lambda: acc.empty_cache(),
         "reset_peak_memory_stats": lambda device=None: acc.reset_peak_memory_stats(_index(device)),
+        "reset_accumulated_memory_stats":
+            lambda device=None: acc.reset_accumulated_memory_stats(_index(device)),
+        "caching_allocator_alloc": _caching_allocator_alloc,
+        "caching_allocator_delete": _caching_allocator_delete,
         "host_memory_stats": lambda: dict(_C._sim_host_memory_stats()),
     }
 
@@ -391,6 +476,7 @@ def _bootstrap_inner(self: threading.Thread) -> None:
 class _Installed:
     def __init__(self) -> None:
         self.saved: Dict[str, Any] = {}
+        self.saved_memory: Dict[str, Any] = {}  # torch.cuda.memory's own names
         self.saved_distributed: Dict[str, Any] = {}
         self.mode = _CudaOnSim()
 
@@ -409,9 +495,15 @@ def install() -> None:
         if not _C._sim_enabled():
             raise RuntimeError("the sim device is not enabled: call torch_pipeline.sim.enable()")
         state = _Installed()
+        memory = sys.modules.get("torch.cuda.memory")
         for name, value in _replacements().items():
             state.saved[name] = torch.cuda.__dict__.get(name, _MISSING)
             setattr(torch.cuda, name, value)
+            # torch.cuda.memory.empty_cache() and the like are the same functions under their
+            # module's name: left alone, they would find CUDA uninitialized and answer 0 or {}.
+            if memory is not None and name in _MEMORY_NAMES and name in memory.__dict__:
+                state.saved_memory[name] = memory.__dict__[name]
+                setattr(memory, name, value)
         torch.amp.autocast_mode.autocast.__init__ = _autocast_init  # type: ignore[method-assign]
         threading.Thread._bootstrap_inner = _bootstrap_inner  # type: ignore[attr-defined]
         state.saved_distributed = _as_cuda_distributed.install()
@@ -439,6 +531,9 @@ def uninstall() -> None:
                 delattr(torch.cuda, name)
             else:
                 setattr(torch.cuda, name, value)
+        memory = sys.modules.get("torch.cuda.memory")
+        for name, value in state.saved_memory.items():
+            setattr(memory, name, value)
 
 
 _MISSING = object()
