@@ -30,11 +30,8 @@ from typing import Any, Callable, Iterator, List, Optional
 import pytest
 import torch
 
-from _sim_child import IN_CHILD, install_proxies
+from _sim_child import install_proxies
 from _sim_ported import Difference, is_async, parametrize_modes, ported_fixtures, sleep_ms
-
-if IN_CHILD:
-    import torch_pipeline.sim as sim
 
 _sim_module, mode = ported_fixtures(num_devices=2, as_cuda=True)
 
