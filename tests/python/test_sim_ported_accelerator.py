@@ -577,7 +577,7 @@ def test_streams_stream_synchronize() -> None:
     event = torch.Event()
     event.record(stream)
     with stream:
-        sleep_ms(50)
+        sleep_ms(100)
     assert stream.query() is not is_async()
     stream.synchronize()
     assert stream.query()
@@ -680,7 +680,7 @@ def test_event_event_synchronize() -> None:
     assert event.query()
     stream = torch.Stream(device=DEV)
     with stream:
-        sleep_ms(50)
+        sleep_ms(100)
     event.record(stream)
     assert event.query() is not is_async()
     event.synchronize()

@@ -108,7 +108,7 @@ def test_events() -> None:
     assert event.query()
     start_event = torch.cuda.Event(enable_timing=True)
     stream.record_event(start_event)
-    sleep_ms(50)
+    sleep_ms(100)
     stream.record_event(event)
     assert event.query() is not busy()
     event.synchronize()
@@ -209,7 +209,7 @@ def test_record_stream() -> None:
             ptr[0] = tmp.data_ptr()
         torch.cuda.current_stream().wait_stream(stream)
         tmp.record_stream(torch.cuda.current_stream())
-        sleep_ms(50)  # delay the copy
+        sleep_ms(100)  # delay the copy
         result.copy_(tmp)
 
     perform_copy()
@@ -237,7 +237,7 @@ def test_record_stream_on_shifted_view() -> None:
     assert view.storage_offset() > 0
     stream_record = torch.cuda.Stream()
     with torch.cuda.stream(stream_record):
-        sleep_ms(50)
+        sleep_ms(100)
     view.record_stream(stream_record)
     data_ptr = base.data_ptr()
     del base, view
