@@ -131,6 +131,7 @@ class SimAllocator final : public c10::DeviceAllocator {
       std::lock_guard<std::mutex> lock(mutex_);
       for (int d = 0; d < State::get().num_devices(); ++d) {
         process_pending_locked(static_cast<c10::DeviceIndex>(d));
+        ++stats_[static_cast<size_t>(d)].num_sync_all_streams;  // (as CUDA counts it)
       }
       for (auto& [key, by_size] : pools_) {
         for (auto& [size, blocks] : by_size) {

@@ -21,6 +21,7 @@
 #include <c10/util/llvmMathExtras.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -33,6 +34,12 @@ namespace sim {
 namespace {
 
 constexpr size_t kMinBlock = 64;  // the alignment of every block
+
+int64_t microseconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
+                                                               start)
+      .count();
+}
 
 struct PinnedBlock {
   void* ptr = nullptr;
@@ -83,9 +90,11 @@ class SimHostAllocator final : public at::HostAllocator {
       block = it->second.back();
       it->second.pop_back();
     } else {
+      const auto start = std::chrono::steady_clock::now();
       void* ptr = std::aligned_alloc(kMinBlock, size);
       TORCH_CHECK_WITH(OutOfMemoryError, ptr != nullptr, "out of pinned host memory (", n,
                        " bytes)");
+      g_stats.host_alloc_time.increase(microseconds_since(start));
       block = new PinnedBlock();
       block->ptr = ptr;
       block->size = size;
@@ -126,9 +135,17 @@ class SimHostAllocator final : public at::HostAllocator {
       }
       g_free.clear();
     }
+    std::vector<int64_t> free_times;
+    free_times.reserve(released.size());
     for (PinnedBlock* b : released) {
+      const auto start = std::chrono::steady_clock::now();
       std::free(b->ptr);  // (its history was forgotten when it was freed)
+      free_times.push_back(microseconds_since(start));
       delete b;
+    }
+    std::lock_guard<std::mutex> lock(g_pinned_mutex);
+    for (const int64_t us : free_times) {
+      g_stats.host_free_time.increase(us);
     }
   }
 
@@ -142,6 +159,8 @@ class SimHostAllocator final : public at::HostAllocator {
     for (auto* s : stats_locked()) {
       s->reset_accumulated();
     }
+    g_stats.host_alloc_time.reset_accumulated();
+    g_stats.host_free_time.reset_accumulated();
     g_stats.num_host_alloc = 0;
     g_stats.num_host_free = 0;
   }
@@ -151,6 +170,8 @@ class SimHostAllocator final : public at::HostAllocator {
     for (auto* s : stats_locked()) {
       s->reset_peak();
     }
+    g_stats.host_alloc_time.reset_peak();
+    g_stats.host_free_time.reset_peak();
   }
 
  private:
@@ -194,6 +215,17 @@ std::vector<std::pair<std::string, int64_t>> host_memory_stats() {
     out.emplace_back(prefix + "peak", stat->peak);
     out.emplace_back(prefix + "allocated", stat->allocated);
     out.emplace_back(prefix + "freed", stat->freed);
+  }
+  // (as torch.cuda.host_memory_stats() names them: the time of the system's allocations and frees)
+  const std::pair<const char*, const decltype(s.host_alloc_time)*> times[] = {
+      {"host_alloc_time", &s.host_alloc_time}, {"host_free_time", &s.host_free_time}};
+  for (const auto& [name, stat] : times) {
+    const std::string prefix = std::string(name) + ".";
+    out.emplace_back(prefix + "total", stat->total);
+    out.emplace_back(prefix + "max", stat->max);
+    out.emplace_back(prefix + "min", stat->min);
+    out.emplace_back(prefix + "count", stat->count);
+    out.emplace_back(prefix + "avg", stat->count == 0 ? 0 : stat->total / stat->count);
   }
   out.emplace_back("num_host_alloc", s.num_host_alloc);
   out.emplace_back("num_host_free", s.num_host_free);

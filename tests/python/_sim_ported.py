@@ -34,11 +34,6 @@ _free_sleep_ops = list(_SLEEP_OPS)
 _sleep_lock = threading.Lock()
 
 
-class Difference(Exception):
-    """A known difference from CUDA, raised at the end of a test that checked everything else
-    first: a test marked ``xfail(strict=True, raises=Difference)`` fails on any other error."""
-
-
 def parametrize_modes(metafunc: Any) -> None:
     """Call from the module's ``pytest_generate_tests``: every test runs in both modes (in the
     child process; the parent's proxies stand for both)."""

@@ -31,7 +31,7 @@ import pytest
 import torch
 
 from _sim_child import install_proxies
-from _sim_ported import Difference, is_async, parametrize_modes, ported_fixtures, sleep_ms
+from _sim_ported import is_async, parametrize_modes, ported_fixtures, sleep_ms
 
 _sim_module, mode = ported_fixtures(num_devices=2, as_cuda=True)
 
@@ -384,26 +384,18 @@ def test_caching_pinned_memory() -> None:
     assert list(gpu_tensor) == [1]
 
 
-@pytest.mark.xfail(strict=True, raises=Difference, reason=(
-    "needs C++: the sim's pinned host allocator keeps no timing statistics: "
-    "torch.cuda.host_memory_stats() has no 'host_alloc_time.count' and 'host_free_time.count' "
-    "(every other key is checked first and matches, the power-of-two block sizes included)"))
 def test_host_memory_stats() -> None:
     """test_cuda.py::TestCuda::test_host_memory_stats (torch.accelerator.empty_host_cache() for
     torch._C._host_emptyCache(), CUDA's host allocator's; the statistics counted from where they
     are at the start, since torch.cuda.reset_peak_host_memory_stats and
     reset_accumulated_host_memory_stats have no sim counterpart and earlier tests pinned memory;
-    the timing keys checked last)"""
+    the timing keys included)"""
     timing = ("host_alloc_time.count", "host_free_time.count")
-    missing: List[str] = []
 
     def check_stats(expected: dict) -> None:
         stats = torch.cuda.host_memory_stats()
         for k, v in expected.items():
-            if k in timing and k not in stats:
-                missing.append(k)
-            else:
-                assert stats[k] == v, (k, stats[k], v)
+            assert stats[k] == v, (k, stats[k], v)
 
     gc.collect()
     torch.accelerator.empty_host_cache()
@@ -435,8 +427,6 @@ def test_host_memory_stats() -> None:
             assert stats[f"{key}.peak"] >= stats[f"{key}.current"]
     torch.accelerator.empty_host_cache()  # blocks in use stay
     check_stats(expected)
-    if missing:
-        raise Difference(f"torch.cuda.host_memory_stats() has no {sorted(set(missing))}")
 
 
 # ==== test/test_cuda.py::TestCuda / TestCudaMallocAsync: the caching allocator =================
@@ -754,10 +744,8 @@ def test_multigpu_cuda_synchronize() -> None:
         torch.cuda.synchronize("cpu")
 
 
-def _memory_stats_generator(device: Any = None, N: int = 35,
-                            differences: Optional[List[str]] = None) -> Iterator[Any]:
-    """test_cuda_multigpu.py::TestCudaMultiGPU::_test_memory_stats_generator (a
-    num_sync_all_streams that empty_cache() does not count up goes to ``differences``)"""
+def _memory_stats_generator(device: Any = None, N: int = 35) -> Iterator[Any]:
+    """test_cuda_multigpu.py::TestCudaMultiGPU::_test_memory_stats_generator"""
     if device is None:
         device = torch.cuda.current_device()
     m0 = torch.cuda.memory_allocated(device)
@@ -799,11 +787,7 @@ def _memory_stats_generator(device: Any = None, N: int = 35,
             assert num_free_1 >= 0
             torch.cuda.empty_cache()  # always runs release_cached_blocks
             stats = torch.cuda.memory_stats(device)
-            if stats.get("num_sync_all_streams", -1) != num_sync_1 + 1 and differences is not None:
-                differences.append(f"num_sync_all_streams {num_sync_1} -> "
-                                   f"{stats.get('num_sync_all_streams', -1)} over empty_cache()")
-            else:
-                assert stats.get("num_sync_all_streams", -1) == num_sync_1 + 1
+            assert stats.get("num_sync_all_streams", -1) == num_sync_1 + 1
             assert stats.get("num_device_alloc", -1) >= num_alloc_1
             assert stats.get("num_device_free", -1) >= num_free_1
             new_r = torch.cuda.memory_reserved(device)
@@ -878,30 +862,18 @@ def _memory_stats_generator(device: Any = None, N: int = 35,
     assert_change(0, reset_peak=True)
 
 
-_NUM_SYNC = pytest.mark.xfail(strict=True, raises=Difference, reason=(
-    "needs C++: the sim allocator's empty_cache() does not count num_sync_all_streams up (CUDA's "
-    "release_cached_blocks synchronizes all streams and counts it); it stays 0. Every other "
-    "check of the memory statistics generator runs first and passes"))
-
-
-@_NUM_SYNC
 def test_multigpu_memory_stats() -> None:
     """test_cuda_multigpu.py::TestCudaMultiGPU::test_memory_stats (without
     _check_memory_stat_consistency, which reads torch.cuda.memory_snapshot(): see
     docs/sim_cuda_parity.md)"""
     gc.collect()
     torch.cuda.empty_cache()
-    differences: List[str] = []
-    for _ in _memory_stats_generator(differences=differences):
+    for _ in _memory_stats_generator():
         pass
-    if differences:
-        raise Difference("; ".join(sorted(set(differences))))
 
 
-@_NUM_SYNC
 def test_multigpu_memory_stats_multigpu() -> None:
     """test_cuda_multigpu.py::TestCudaMultiGPU::test_memory_stats_multigpu"""
-    differences: List[str] = []
     def advance(gen: Iterator[Any], end: bool) -> bool:
         if not end:
             try:
@@ -911,15 +883,15 @@ def test_multigpu_memory_stats_multigpu() -> None:
         return end
 
     torch.cuda.empty_cache()  # interlaced
-    gen0 = _memory_stats_generator(device="cuda:0", N=35, differences=differences)
-    gen1 = _memory_stats_generator(device=torch.device("cuda:1"), N=35, differences=differences)
+    gen0 = _memory_stats_generator(device="cuda:0", N=35)
+    gen1 = _memory_stats_generator(device=torch.device("cuda:1"), N=35)
     end0 = end1 = False
     while not (end0 and end1):
         end0 = advance(gen0, end0)
         end1 = advance(gen1, end1)
     torch.cuda.empty_cache()  # semi-random order
-    gen0 = _memory_stats_generator(device=0, N=35, differences=differences)
-    gen1 = _memory_stats_generator(device=torch.device("cuda:1"), N=35, differences=differences)
+    gen0 = _memory_stats_generator(device=0, N=35)
+    gen1 = _memory_stats_generator(device=torch.device("cuda:1"), N=35)
     end0 = end1 = False
     while not (end0 and end1):
         end0 = advance(gen0, end0)
@@ -928,8 +900,6 @@ def test_multigpu_memory_stats_multigpu() -> None:
         while t < gen1_max_times and not end1:
             end1 = advance(gen1, end1)
             t += 1
-    if differences:
-        raise Difference("; ".join(sorted(set(differences))))
 
 
 def test_multigpu_autogpu() -> None:
