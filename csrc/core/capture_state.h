@@ -14,7 +14,7 @@
 //   each storage once, whether it was born in the capture and on which stream, whether the graph
 //   writes it, and whether it is kept alive for the graph's lifetime.
 // * CaptureRegistry: the captures underway, by id, each holding the gate paused.
-// The runtime (csrc/runtime/tracking/capture.*) binds these to c10 streams and storages; the
+// The runtime (csrc/runtime/tracking/graph_capture.*) binds these to c10 streams and storages; the
 // GoogleTest tests/cpp/test_capture_state.cpp drives them as the runtime does.
 #pragma once
 
@@ -294,10 +294,10 @@ class CaptureLedger {
   std::unordered_map<uintptr_t, Touched> touched_;
 };
 
-// The captures underway in the process, by id, each with the runtime's state of it (World): a
+// The captures underway in the process, by id, each with the runtime's state of it (Tracked): a
 // capture registered here holds the gate paused until it is removed. Thread-safe; size() is one
 // atomic load (the op path's check that no capture is underway).
-template <typename World>
+template <typename Tracked>
 class CaptureRegistry {
  public:
   explicit CaptureRegistry(QueryGate& gate) : gate_(&gate), sync_(new Sync()) {}
@@ -308,31 +308,31 @@ class CaptureRegistry {
   // Registers capture `id` (if it is known already, returns the one registered); the gate stays
   // paused until remove(id). `make()` builds its state (if it throws, nothing is registered).
   template <typename Make>
-  std::shared_ptr<World> add(CaptureId id, Make&& make) {
+  std::shared_ptr<Tracked> add(CaptureId id, Make&& make) {
     std::lock_guard<std::mutex> lock(sync_->mutex);
-    auto it = sync_->worlds.find(id);
-    if (it != sync_->worlds.end()) return it->second;
-    std::shared_ptr<World> w = make();
-    sync_->worlds.emplace(id, w);
+    auto it = sync_->captures.find(id);
+    if (it != sync_->captures.end()) return it->second;
+    std::shared_ptr<Tracked> w = make();
+    sync_->captures.emplace(id, w);
     gate_->pause();
-    size_.store(sync_->worlds.size(), std::memory_order_release);
+    size_.store(sync_->captures.size(), std::memory_order_release);
     return w;
   }
   // The state of capture `id`; nullptr if it is not registered.
-  std::shared_ptr<World> find(CaptureId id) const {
+  std::shared_ptr<Tracked> find(CaptureId id) const {
     if (size_.load(std::memory_order_acquire) == 0) return nullptr;  // (the common case)
     std::lock_guard<std::mutex> lock(sync_->mutex);
-    const auto it = sync_->worlds.find(id);
-    return it == sync_->worlds.end() ? nullptr : it->second;
+    const auto it = sync_->captures.find(id);
+    return it == sync_->captures.end() ? nullptr : it->second;
   }
   // Capture `id` ended: unregistered, and the gate resumes (once per add). Returns its state.
-  std::shared_ptr<World> remove(CaptureId id) {
+  std::shared_ptr<Tracked> remove(CaptureId id) {
     std::lock_guard<std::mutex> lock(sync_->mutex);
-    auto it = sync_->worlds.find(id);
-    if (it == sync_->worlds.end()) return nullptr;
-    std::shared_ptr<World> w = std::move(it->second);
-    sync_->worlds.erase(it);
-    size_.store(sync_->worlds.size(), std::memory_order_release);
+    auto it = sync_->captures.find(id);
+    if (it == sync_->captures.end()) return nullptr;
+    std::shared_ptr<Tracked> w = std::move(it->second);
+    sync_->captures.erase(it);
+    size_.store(sync_->captures.size(), std::memory_order_release);
     gate_->resume();
     return w;
   }
@@ -347,7 +347,7 @@ class CaptureRegistry {
  private:
   struct Sync {
     std::mutex mutex;
-    std::unordered_map<CaptureId, std::shared_ptr<World>> worlds;
+    std::unordered_map<CaptureId, std::shared_ptr<Tracked>> captures;
   };
   QueryGate* gate_;
   Sync* sync_;

@@ -107,7 +107,7 @@ class RaceChecker {
 
   std::vector<Race> races() const;
   void clear_races();
-  // Adds races found elsewhere (by a capture's own checker, capture.h) to races().
+  // Adds races found elsewhere (by a capture's own checker, sim/graph_capture.h) to races().
   void note_races(const std::vector<Race>& found);
 
   // fork(): the forking thread holds the checker's lock around fork(), so that the child (where

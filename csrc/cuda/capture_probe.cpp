@@ -2,7 +2,7 @@
 // built only when torch has CUDA and a toolkit is found). cudaStreamGetCaptureInfo is allowed
 // during a capture in every mode, never synchronizes and gives the capture's id, unique in the
 // process.
-#include "../runtime/capture.h"
+#include "../runtime/capture_probe.h"
 
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>

@@ -3,8 +3,8 @@
 
 #include "../runtime/op_facts.h"
 #include "../sim/aliases.h"
-#include "../sim/capture.h"
 #include "../sim/executor.h"
+#include "../sim/graph_capture.h"
 #include "../sim/latency.h"
 #include "../sim/names.h"
 #include "../sim/sim.h"
@@ -348,7 +348,7 @@ streams and the memory.
     d["host_sync"] = host_sync_ops();
     return d;
   });
-  // The capture twin (csrc/sim/capture.h).
+  // The capture twin (csrc/sim/graph_capture.h).
   py::class_<sim::Graph, std::shared_ptr<sim::Graph>>(m, "_SimGraph")
       .def("replay", &sim::Graph::replay, py::arg("stream"))
       .def_property_readonly("accesses", &sim::Graph::accesses)

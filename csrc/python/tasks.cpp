@@ -96,7 +96,7 @@ class PyTask final : public core::Task {
  public:
   PyTask(core::WorkerThread* worker, PipelinePtr pipeline, py::object fn, py::tuple args,
          py::dict kwargs, py::object future, std::shared_ptr<TaskSync> sync,
-         std::unique_ptr<tracking::TaskPins> hold, std::optional<Profiling> profiling)
+         std::unique_ptr<tracking::TaskPins> pins, std::optional<Profiling> profiling)
       : description_(describe_task(*pipeline, fn)),
         profiling_(std::move(profiling)),
         worker_(worker),
@@ -106,7 +106,7 @@ class PyTask final : public core::Task {
         kwargs_(kwargs.release().ptr()),
         future_(future.release().ptr()),
         sync_(std::move(sync)),
-        hold_(std::move(hold)) {}
+        pins_(std::move(pins)) {}
 
   ~PyTask() override {
     if (fn_ == nullptr) {
@@ -134,7 +134,7 @@ class PyTask final : public core::Task {
       }
       drop_references();
     }
-    hold_->release();  // the task no longer needs its tensors
+    pins_->release();  // the task no longer needs its tensors
     if (worker_->pending() == 0) {
       // Nothing else to run: let go of the GIL before waking the waiter, which needs it.
       worker_release_gil();
@@ -158,7 +158,7 @@ class PyTask final : public core::Task {
       }
       drop_references();
     }
-    hold_->release();
+    pins_->release();
     sync_->mark_done();
   }
 
@@ -167,7 +167,7 @@ class PyTask final : public core::Task {
   // for the submitter; the end of its device work is recorded before the future completes.
   void run_in_pipeline() {
     ProfilingGuard profiling(profiling_);
-    tracking::TaskPins::Running running(*hold_);  // (its writes, and its tasks', skip its pins)
+    tracking::TaskPins::Running running(*pins_);  // (its writes, and its tasks', skip its pins)
     PipelineGuard guard(pipeline_);
     sync_->wait_for_submitter(*pipeline_);
     PyObject* result = nullptr;
@@ -234,7 +234,7 @@ class PyTask final : public core::Task {
   // The interpreter is exiting: Python must not be touched. Leak the references.
   void abandon() noexcept {
     fn_ = args_ = kwargs_ = future_ = nullptr;
-    hold_->release();
+    pins_->release();
     sync_->mark_done();
   }
 
@@ -247,7 +247,7 @@ class PyTask final : public core::Task {
   PyObject* kwargs_;
   PyObject* future_;
   std::shared_ptr<TaskSync> sync_;
-  std::unique_ptr<tracking::TaskPins> hold_;
+  std::unique_ptr<tracking::TaskPins> pins_;
 };
 
 }  // namespace
@@ -283,12 +283,12 @@ py::object submit(const PipelinePtr& p, py::object fn, py::tuple args, py::kwarg
   for (at::Tensor& t : collect_tensors(kwargs)) {
     tensors.push_back(std::move(t));
   }
-  auto hold = std::make_unique<tracking::TaskPins>(tensors, p->worker_id());
+  auto pins = std::make_unique<tracking::TaskPins>(tensors, p->worker_id());
   observe_python_threads();  // (the pins may have made tracking go live)
 
   auto task =
       std::make_unique<PyTask>(&worker, p, std::move(fn), std::move(args), std::move(kwargs),
-                               future, sync, std::move(hold), submitter_profiling());
+                               future, sync, std::move(pins), submitter_profiling());
   const uint64_t seq = worker.submit(std::move(task));
   sync->set_seq(seq);
   p->note_task(seq);

@@ -1,5 +1,5 @@
 // Per-operator facts, read once from the operator's schema and cached (docs/design.md,
-// "The tracker's rooms": "cache per-operator schema facts"). The one source of what an op touches
+// "The tracker's modules": "cache per-operator schema facts"). The one source of what an op touches
 // for both the tracker (which looks ops up from a RecordFunction) and the sim device's kernels and
 // race checker (which look them up from an OperatorHandle or an OperatorName): every lookup of one
 // operator returns the same OpFacts object, so the two never disagree about whether an op touches

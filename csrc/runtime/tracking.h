@@ -1,5 +1,5 @@
 // Automatic synchronization (docs/design.md, "Automatic synchronization"): the core
-// DependencyTracker bound to c10. The one public header of the tracker; its rooms live in
+// DependencyTracker bound to c10. The one public header of the tracker; its modules live in
 // csrc/runtime/tracking/ (see state.h there).
 //
 // While tracking is live, the observer sees the outermost op of every observed thread (autograd

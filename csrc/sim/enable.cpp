@@ -1,8 +1,8 @@
 // enable(): registers the sim backend with c10, ATen and the dispatcher, once per process.
 #include "allocator.h"
-#include "capture.h"
 #include "executor.h"
 #include "fork.h"
+#include "graph_capture.h"
 #include "kernels.h"
 #include "names.h"
 #include "sim.h"

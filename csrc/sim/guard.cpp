@@ -2,9 +2,9 @@
 // events. An event is a snapshot of a stream's vector clock (race_checker.h) and, in asynchronous
 // mode, a marker queued on the stream (executor.h): it is complete once the stream ran it.
 #include "allocator.h"
-#include "capture.h"
 #include "executor.h"
 #include "fork.h"
+#include "graph_capture.h"
 #include "state.h"
 #include "trace.h"
 
@@ -33,7 +33,7 @@ struct SimEvent {
     c10::DeviceIndex device = -1;
     Timeline timeline = -1;
     uint64_t position = 0;  // the marker's position in the stream's queue (0: synchronous)
-    core::CaptureId capture = core::kNoCapture;  // recorded in this capture (capture.h)
+    core::CaptureId capture = core::kNoCapture;  // recorded in this capture (graph_capture.h)
     // When the marker ran (steady clock, ns): the device time of the event.
     std::shared_ptr<std::atomic<int64_t>> time_ns;
   };

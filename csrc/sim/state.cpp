@@ -4,8 +4,8 @@
 // and the DeviceGuardImpl are in guard.cpp.
 #include "state.h"
 #include "allocator.h"
-#include "capture.h"
 #include "executor.h"
+#include "graph_capture.h"
 #include "host.h"
 
 #include "../runtime/tracking.h"

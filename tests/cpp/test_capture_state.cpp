@@ -1,5 +1,5 @@
 // Graph capture as the tracker sees it (core/capture_state.h), each piece driven the way the
-// runtime (csrc/runtime/tracking/capture.cpp) uses it: the query gate with its permits (the
+// runtime (csrc/runtime/tracking/graph_capture.cpp) uses it: the query gate with its permits (the
 // keep-alive poll's try_permit under a lock, the host wait's permit, a capture's begin pausing and
 // draining), the route of a launch, the ledger over a DependencyTracker's positions (forks, joins,
 // what is kept for the graph's lifetime), and the registry of captures that holds the gate paused.
@@ -182,7 +182,7 @@ TEST(QueryGate, NoQueryRunsWhileACaptureIsUnderway) {
   EXPECT_TRUE(gate.may_query());
 }
 
-// The ledger over the capture's own positions, as capture.cpp keeps it: the origin (stream 1)
+// The ledger over the capture's own positions, as graph_capture.cpp keeps it: the origin (stream 1)
 // captures, a side stream is forked in (it waits for the origin), and the ledger names what ending
 // the capture now would leave unjoined.
 TEST(CaptureLedger, NamesTheStreamsLeftUnjoined) {
@@ -192,7 +192,7 @@ TEST(CaptureLedger, NamesTheStreamsLeftUnjoined) {
   ledger.launched(1, tracker.launch(1, {}, {10}).position.seq);
   EXPECT_TRUE(ledger.unjoined(ordered).empty());  // only the origin
 
-  // Stream 2 forked in (join_world_locked): it waits for the origin's captured work so far.
+  // Stream 2 forked in (join_capture_locked): it waits for the origin's captured work so far.
   ledger.join(2);
   tracker.waited(2, Position{1, 1});
   EXPECT_EQ(ledger.unjoined(ordered), std::vector<StreamId>{2});  // a fork with nothing after it

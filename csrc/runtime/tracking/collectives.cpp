@@ -1,4 +1,4 @@
-// The async-collectives room (see collectives.h): Works of c10d ops and the tensors they write,
+// The async-collectives module (see collectives.h): Works of c10d ops and the tensors they write,
 // until work.wait(). Touches LiveState::async_works through its methods (and its own lock).
 #include "collectives.h"
 

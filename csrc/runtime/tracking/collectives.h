@@ -1,7 +1,7 @@
-// Internal to the tracker. The async-collectives room: c10d ops that return a Work (async_op=True)
-// write their tensors on a stream of the process group's own; the tracker remembers them by Work
-// until work.wait() (tracking::work_waited) records them as written on the waiter's streams.
-// Touches LiveState::async_works; records through TrackScope.
+// Internal to the tracker. The async-collectives module: c10d ops that return a Work
+// (async_op=True) write their tensors on a stream of the process group's own; the tracker remembers
+// them by Work until work.wait() (tracking::work_waited) records them as written on the waiter's
+// streams. Touches LiveState::async_works; records through TrackScope.
 #pragma once
 
 #include "state.h"

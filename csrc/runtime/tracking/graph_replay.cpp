@@ -1,6 +1,6 @@
-// The capture room's captured graphs and their replays (CapturedGraph, GraphReplay in
+// The capture module's captured graphs and their replays (CapturedGraph, GraphReplay in
 // tracking.h): what a graph keeps, and each replay as one scope over what it touches.
-#include "capture.h"
+#include "graph_capture.h"
 #include "launch.h"
 #include "scope.h"
 

@@ -1,11 +1,11 @@
-// The host-watch room (see host_watch.h): CPU memory of non_blocking copies, the host waits of
+// The host-watch module (see host_watch.h): CPU memory of non_blocking copies, the host waits of
 // CPU ops that touch it, and the wait for pending copies when going idle. Touches
 // StorageData::host_watched, g_host_watch, and host positions of the core tracker.
 #include "host_watch.h"
 
-#include "../capture.h"
+#include "../capture_probe.h"
 #include "../warn.h"
-#include "capture.h"
+#include "graph_capture.h"
 #include "storages.h"
 #include "streams.h"
 

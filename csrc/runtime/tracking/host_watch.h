@@ -1,4 +1,4 @@
-// Internal to the tracker. The host-watch room: CPU memory that a non_blocking copy reads or
+// Internal to the tracker. The host-watch module: CPU memory that a non_blocking copy reads or
 // writes on a stream is watched; a CPU op touching it first synchronizes with that copy (the host
 // timelines of the core tracker), and going idle waits for copies still pending. Touches
 // StorageData::host_watched, g_host_watch, and the core tracker's host positions.

@@ -1,11 +1,11 @@
-// The keep-alive room (see keep_alive.h): allocator safety by keeping alive or record_stream,
+// The keep-alive module (see keep_alive.h): allocator safety by keeping alive or record_stream,
 // the polling that lets kept storages go, and the mode switch. Changes LiveState::kept (through
 // its methods), StorageEntry::recorded, and events via streams.h.
 #include "keep_alive.h"
 
-#include "../capture.h"
+#include "../capture_probe.h"
 #include "../settings.h"
-#include "capture.h"
+#include "graph_capture.h"
 #include "storages.h"
 #include "streams.h"
 

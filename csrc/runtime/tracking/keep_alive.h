@@ -1,5 +1,5 @@
-// Internal to the tracker. The keep-alive room: allocator safety (docs/design.md, "The rules") for
-// storages used off their allocation stream, by keeping them alive until the use completes (per
+// Internal to the tracker. The keep-alive module: allocator safety (docs/design.md, "The rules")
+// for storages used off their allocation stream, by keeping them alive until the use completes (per
 // stream in LiveState::kept, polled) or by the allocator's record_stream. Changes LiveState::kept
 // through its methods and the storage entries' `recorded` set, and records events on streams
 // (through streams.h). Callers of *_locked hold LiveState::mutex.

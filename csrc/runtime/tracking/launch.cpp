@@ -1,9 +1,9 @@
-// The launch room (see launch.h): an op's launch on its device streams and its end. Owns the
+// The launch module (see launch.h): an op's launch on its device streams and its end. Owns the
 // per-thread ThreadRun; touches LiveState through the stream log, storage table, keep-alive and
-// host-watch rooms, and the launch/wait/event counters.
+// host-watch modules, and the launch/wait/event counters.
 #include "launch.h"
 
-#include "capture.h"
+#include "graph_capture.h"
 #include "host_watch.h"
 #include "keep_alive.h"
 #include "storages.h"
@@ -45,8 +45,8 @@ void settle_locked(LiveState& st, const std::vector<Launched>& launched) {
 ThreadRun& thread_run() { return t_run; }
 
 void enter_streams(const std::vector<c10::Device>& devices) {
-  if (devices.empty() || world_for_launch(devices)) {
-    return;  // (a capture's streams live in its own world, which has no baseline)
+  if (devices.empty() || capture_for_launch(devices)) {
+    return;  // (a capture's streams live in its own state, which has no baseline)
   }
   LiveState& st = state();
   std::lock_guard<std::mutex> lock(st.mutex);
@@ -61,8 +61,9 @@ namespace {
 // (device_launch, finish) and differ in what entering a stream, a use, a launch and a fresh output
 // mean. The eager target is the main state: the op runs now, so a storage used off its home stream
 // is protected from the allocator, watched host memory is noted, and a wait can let kept storages
-// go. The capture target (capture.h) is a capture's world: the op is captured into a graph, so a
-// stream joins the capture, a use goes to the graph's ledger, and nothing is polled. The launch is
+// go. The capture target (graph_capture.h) is the state of a capture underway: the op is captured
+// into a graph, so a stream joins the capture, a use goes to the graph's ledger, and nothing is
+// polled. The launch is
 // a template over the target: the eager path has no capture branch.
 class EagerTarget {
  public:
@@ -281,9 +282,9 @@ void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool asy
       devices.push_back(d);
     }
   }
-  // During a graph capture the op is captured: it launches into the capture's world.
-  if (const WorldPtr world = world_for_launch(devices)) {
-    CaptureTarget in_capture(*world);
+  // During a graph capture the op is captured: it launches into the capture's own state.
+  if (const TrackedCapturePtr capture = capture_for_launch(devices)) {
+    CaptureTarget in_capture(*capture);
     launch_in(in_capture, run, accesses, async, launched, period);
   } else {
     EagerTarget eager(state(), run);
@@ -292,14 +293,14 @@ void device_launch(ThreadRun& run, const std::vector<Access>& accesses, bool asy
 }
 
 void settle(const std::vector<Launched>& launched, uint64_t period) {
-  WorldPtr world;
+  TrackedCapturePtr capture;
   if (is_capture_period(period)) {
-    world = world_of_period(period);
-    if (!world) {
+    capture = capture_of_period(period);
+    if (!capture) {
       return;  // (the capture has ended)
     }
   }
-  LiveState& st = world ? world->st : state();
+  LiveState& st = capture ? capture->st : state();
   std::lock_guard<std::mutex> lock(st.mutex);
   if (st.period == period) {
     settle_locked(st, launched);
@@ -311,10 +312,10 @@ void finish(ThreadRun& run, std::vector<Launched>& launched, uint64_t period,
             const std::vector<at::Tensor>* moved) {
   // The target the op launched into (period 0, nothing launched yet: a factory, into the target
   // of the devices of its outputs).
-  WorldPtr world;
+  TrackedCapturePtr capture;
   if (is_capture_period(period)) {
-    world = world_of_period(period);
-    if (!world) {
+    capture = capture_of_period(period);
+    if (!capture) {
       record_instead(run.keep_alive);  // the capture it launched in has ended
       return;
     }
@@ -326,11 +327,11 @@ void finish(ThreadRun& run, std::vector<Launched>& launched, uint64_t period,
       }
     }
     if (!factory_devices.empty()) {
-      world = world_for_launch(factory_devices);
+      capture = capture_for_launch(factory_devices);
     }
   }
-  if (world) {
-    CaptureTarget in_capture(*world);
+  if (capture) {
+    CaptureTarget in_capture(*capture);
     finish_in(in_capture, run, launched, period, fresh, async, moved);
   } else {
     EagerTarget eager(state(), run);

@@ -1,9 +1,9 @@
-// Internal to the tracker. The launch room: the path an op (observer.*) or a tp.track scope
+// Internal to the tracker. The launch module: the path an op (observer.*) or a tp.track scope
 // (track_scope.cpp) takes on the device side: before it, one core-tracker launch per device on
 // that device's current stream, with the waits it returns inserted; after it, the position
 // settles, fresh outputs get their (pending) definition, keep-alives start, and the thread's run
 // on a stream gets its event when it leaves the stream. Owns the per-thread run state (ThreadRun);
-// touches the stream log, storage table, keep-alive and host-watch rooms through their headers.
+// touches the stream log, storage table, keep-alive and host-watch modules through their headers.
 #pragma once
 
 #include "state.h"

@@ -1,12 +1,12 @@
-// The live-period room (see life.h): pipeline counts, going live / idle through core::LiveSwitch
+// The live-period module (see life.h): pipeline counts, going live / idle through core::LiveSwitch
 // (the transitions run with no lock held), the RecordFunction callback's registration, and the
 // fork handler. Touches g_live, g_observing, g_enabled, g_pipelines, g_pins and the callback
-// handle; starts and ends periods through the other rooms.
+// handle; starts and ends periods through the other modules.
 #include "life.h"
 
 #include "../../core/live_switch.h"
-#include "../capture.h"
-#include "capture.h"
+#include "../capture_probe.h"
+#include "graph_capture.h"
 #include "host_watch.h"
 #include "keep_alive.h"
 #include "observer.h"

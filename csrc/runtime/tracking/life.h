@@ -1,8 +1,8 @@
-// Internal to the tracker. The live-period room: when tracking is live (a non-default pipeline or
+// Internal to the tracker. The live-period module: when tracking is live (a non-default pipeline or
 // a task's pins alive, and enabled), going live / idle through core::LiveSwitch (no lock held
 // across device waits or callback removal), and the fork handler that resets the tracker in a
 // child. Touches g_live, g_observing, g_pipelines, g_pins, the callback registration, and calls
-// the other rooms to start and end a period.
+// the other modules to start and end a period.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
-// The dispatcher path of the observer room (Note [Two ways to observe ops] in observer.h): a boxed
-// fallback on a thread-local mode key, the key's place in each thread's dispatch key set, and the
-// checks that notice device ops of threads without it. Touches only the observer's switches and
+// The dispatcher path of the observer module (Note [Two ways to observe ops] in observer.h): a
+// boxed fallback on a thread-local mode key, the key's place in each thread's dispatch key set, and
+// the checks that notice device ops of threads without it. Touches only the observer's switches and
 // counters; what an op means to the tracker is observer.cpp's.
 //
 // Note [The observer's dispatch keys]: PyTorch has no dispatch key for out-of-tree modes, so the

@@ -1,6 +1,6 @@
-// Internal to the observer room: what the dispatcher path's two files share (observe_dispatch.cpp,
-// the keys and the boxed fallback; observe_dispatch_unboxed.cpp, its unboxed kernels). Note [The
-// observer's dispatch keys] is in observe_dispatch.cpp.
+// Internal to the observer module: what the dispatcher path's two files share
+// (observe_dispatch.cpp, the keys and the boxed fallback; observe_dispatch_unboxed.cpp, its unboxed
+// kernels). Note [The observer's dispatch keys] is in observe_dispatch.cpp.
 #pragma once
 
 #include "observer.h"

@@ -1,5 +1,5 @@
-// The RecordFunction path of the observer room (Note [Two ways to observe ops] in observer.h): one
-// global callback with inputs and outputs, paid on every RecordFunction event of every thread.
+// The RecordFunction path of the observer module (Note [Two ways to observe ops] in observer.h):
+// one global callback with inputs and outputs, paid on every RecordFunction event of every thread.
 // Also sees Dynamo's "Torch-Compiled Region" ranges, so a compiled region whose kernels nothing
 // tracked is reported; the dispatcher path installs that check alone (add_dynamo_range_check)
 // when AOTAutograd's calls are not wrapped. Touches only its thread-local ranges; the rest is

@@ -1,6 +1,6 @@
-// The observer room (see observer.h): what an observed op means (op_start / op_end, whichever
+// The observer module (see observer.h): what an observed op means (op_start / op_end, whichever
 // path saw it) and its per-thread state only. Reads op facts (op_facts.h) and the lock-free
-// switches; acts through the pins, host-watch, launch and collectives rooms.
+// switches; acts through the pins, host-watch, launch and collectives modules.
 #include "observer.h"
 
 #include "../context.h"
@@ -8,8 +8,8 @@
 #include "../op_facts.h"
 #include "../thread_local_ref.h"
 #include "../warn.h"
-#include "capture.h"
 #include "collectives.h"
+#include "graph_capture.h"
 #include "host_watch.h"
 #include "keep_alive.h"
 #include "launch.h"
@@ -233,7 +233,7 @@ void begin_op(const OpFacts& facts, c10::ArrayRef<c10::IValue> inputs, bool on_d
     // A factory: its outputs are handled at the end; its streams wait for the baseline first.
     auto& devices = thread_run().devices;
     device_arguments(inputs, devices);
-    enter_streams(devices);  // (inside a capture the capture's world has no baseline)
+    enter_streams(devices);  // (inside a capture the capture's state has no baseline)
     // Inside a graph capture it launches now, so a stream not in the capture yet (a side
     // pipeline's) is forked in before the op runs: else its kernel would run now, outside the
     // graph, with memory from outside the graph's pool.

@@ -1,7 +1,7 @@
-// Internal to the tracker. The observer room: what the tracker does with an op it sees, whichever
+// Internal to the tracker. The observer module: what the tracker does with an op it sees, whichever
 // path saw it (Note [Two ways to observe ops]): the outermost op of a thread that touches real
 // storage, its accesses (arguments, with the write flags of its schema) and fresh outputs, handed
-// to the pins, host-watch, launch and collectives rooms; ops on tensors without storage left to
+// to the pins, host-watch, launch and collectives modules; ops on tensors without storage left to
 // the ops they call (unclaimed), and gaps. Touches only its thread-local state and its counters.
 //
 // Note [Two ways to observe ops]: the dispatcher path (observe_dispatch.cpp, the default) is a

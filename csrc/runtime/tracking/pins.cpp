@@ -1,4 +1,4 @@
-// The task-pins room (see pins.h): TaskPins, the waits of writers for the tasks that pin their
+// The task-pins module (see pins.h): TaskPins, the waits of writers for the tasks that pin their
 // tensors, and the blocking-wait hook. Touches StorageData::pins, g_pins and the hook.
 #include "pins.h"
 

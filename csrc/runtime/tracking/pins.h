@@ -1,4 +1,4 @@
-// Internal to the tracker. The task-pins room: tensors passed to submit are pinned by the task
+// Internal to the tracker. The task-pins module: tensors passed to submit are pinned by the task
 // (TaskPins); a write to them from another thread waits until the task releases them. Also the
 // blocking wait the tracker uses (installed by the Python layer, which lets go of the GIL). Touches
 // StorageData::pins, g_pins and the blocking-wait hook.

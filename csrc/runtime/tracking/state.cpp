@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <string>
 
-#include "capture.h"
+#include "graph_capture.h"
 #include "storages.h"
 
 namespace torch_pipeline {

@@ -1,6 +1,6 @@
 // Internal to the tracker (csrc/runtime/tracking/*.cpp only). The state of one live period
 // (LiveState: a class made of owned parts, table below) and the process-wide switches the op path
-// reads without a lock. A part's fields are private to it: a room changes another part's state
+// reads without a lock. A part's fields are private to it: a module changes another part's state
 // only through that part's methods.
 //
 // The parts of a LiveState (docs/design.md, "The tracker's parts"):
@@ -9,16 +9,16 @@
 //   storages     StorageTable (core::StorageTable): an entry per storage, young outputs
 //   kept         KeptStorages (kept_storages.h): storages kept alive per stream of use
 //   async_works  AsyncWorks (async_works.h): async collectives until work.wait()
-// The rooms that use them: state.cpp (this state, its reset, stats), life.cpp (going live and
+// The modules that use them: state.cpp (this state, its reset, stats), life.cpp (going live and
 // idle), observer.* and observe_*.cpp (seeing ops), launch.* (an op's launch and end),
 // streams.* (events by position, external waits), storages.* (entries for c10 storages),
 // keep_alive.* (allocator safety), pins.* (task pins), host_watch.* (CPU memory of non_blocking
-// copies), collectives.cpp, track_scope.cpp, compiled.cpp, capture.* and graph_replay.cpp (graph
-// capture: each capture underway is a LiveState of its own).
+// copies), collectives.cpp, track_scope.cpp, compiled.cpp, graph_capture.* and graph_replay.cpp
+// (graph capture: each capture underway is a LiveState of its own).
 //
 // Note [Tracker locks]: the tracker's locks, in the order they may be taken (never against it):
 //   0. going live and idle: the callbacks' registration (life.cpp)
-//   1. a capture world's LiveState::mutex (capture.h)
+//   1. a capture's LiveState::mutex (TrackedCapture, graph_capture.h)
 //   2. the main LiveState::mutex (state()): guards every part of the state but async_works
 //   3. leaves, taken last and held without calling out: AsyncWorks' own, the counters' list
 //      (counters.h), the gap names (report_gap), a task's pins and the blocking-wait hook

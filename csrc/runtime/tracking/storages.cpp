@@ -1,4 +1,4 @@
-// The storage table room (see storages.h): c10 storages in core::StorageTable, keyed by their
+// The storage table module (see storages.h): c10 storages in core::StorageTable, keyed by their
 // StorageImpl address and kept unique by a weak reference. Touches LiveState::storages, and
 // LiveState::tracker and g_host_watch for dead entries.
 #include "storages.h"

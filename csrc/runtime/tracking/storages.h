@@ -1,4 +1,4 @@
-// Internal to the tracker. The storage table room: binds core::StorageTable to c10 storages
+// Internal to the tracker. The storage table module: binds core::StorageTable to c10 storages
 // (entries, young outputs, sweep of dead ones, which the core tracker then forgets). Touches
 // LiveState::storages and, for dead entries, LiveState::tracker and g_host_watch. Callers hold
 // LiveState::mutex.

@@ -1,7 +1,7 @@
 // The streams part of a live period (see stream_table.h).
 #include "stream_table.h"
 
-#include "capture.h"
+#include "graph_capture.h"
 
 #include "../devices.h"
 

@@ -1,7 +1,7 @@
-// The stream events room (see streams.h): events by position on the streams of a live period,
+// The stream events module (see streams.h): events by position on the streams of a live period,
 // and external waits (which can end keep-alives, through keep_alive.h).
 #include "streams.h"
-#include "capture.h"
+#include "graph_capture.h"
 #include "keep_alive.h"
 
 #include "../warn.h"
@@ -23,7 +23,7 @@ Reach event_at_locked(LiveState& st, const Position& p) {
     // The stream captures now (another thread's torch.cuda.graph on it, or a side pipeline
     // forked into a capture): an event recorded there would be part of the graph, and the waiter
     // would join the capture. Its eager work got an event when it began capturing (capture_prepare,
-    // join_world_locked); a position past that one was still launching then (another thread
+    // join_capture_locked); a position past that one was still launching then (another thread
     // launching on a stream while it begins to capture): the newest event kept is waited for
     // instead, which does not cover it.
     warn_once("wait for a capturing stream",
@@ -74,8 +74,9 @@ Mark mark(const c10::Stream& stream) {
   if (!live()) {
     return Mark{};
   }
-  const WorldPtr world = world_of_stream(stream);  // capturing: a position in its capture
-  LiveState& st = world ? world->st : state();
+  const TrackedCapturePtr capture =
+      tracked_capture_of(stream);  // capturing: a position in its capture
+  LiveState& st = capture ? capture->st : state();
   std::lock_guard<std::mutex> lock(st.mutex);
   const StreamEntry* e = st.streams.find(stream);
   if (e == nullptr) {
@@ -91,19 +92,19 @@ void waited(const c10::Stream& waiter, const Mark& m) {
   }
   if (is_capture_period(m.period)) {
     // A wait for an event recorded in a capture: the waiter captures into it from now on.
-    const WorldPtr world = world_of_period(m.period);
-    if (!world) {
+    const TrackedCapturePtr capture = capture_of_period(m.period);
+    if (!capture) {
       return;
     }
-    std::lock_guard<std::mutex> lock(world->st.mutex);
-    StreamEntry& w = world->st.streams.acquire(waiter);
-    world->ledger.join(w.id);
+    std::lock_guard<std::mutex> lock(capture->st.mutex);
+    StreamEntry& w = capture->st.streams.acquire(waiter);
+    capture->ledger.join(w.id);
     if (w.id != m.stream) {
-      world->st.tracker->waited(w.id, Position{m.stream, m.seq});
+      capture->st.tracker->waited(w.id, Position{m.stream, m.seq});
     }
     return;
   }
-  if (world_of_stream(waiter)) {
+  if (tracked_capture_of(waiter)) {
     return;  // a capturing stream: positions outside its capture mean nothing to what it captures
   }
   LiveState& st = state();

@@ -1,7 +1,7 @@
-// Internal to the tracker. The stream events room: the events kept by position on the streams of
+// Internal to the tracker. The stream events module: the events kept by position on the streams of
 // a live period (LiveState::streams, whose StreamTable holds the entries and the baseline), and
 // external waits (tracking::mark / tracking::waited), which it tells LiveState::tracker and the
-// keep-alive room. Callers of *_locked hold LiveState::mutex.
+// keep-alive module. Callers of *_locked hold LiveState::mutex.
 #pragma once
 
 #include "state.h"

@@ -1,7 +1,7 @@
 // tp.track (see TrackScope in tracking.h): accesses of kernels the dispatcher never sees, on the
 // current streams of the tensors' devices, from the constructor to the destructor; and the scope
 // launch and end it shares with compiled regions (scope.h). Touches only the scope's members; acts
-// through the pins, host-watch and launch rooms.
+// through the pins, host-watch and launch modules.
 #include "../warn.h"
 #include "host_watch.h"
 #include "launch.h"

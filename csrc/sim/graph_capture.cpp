@@ -1,8 +1,8 @@
 // The sim twin of CUDA stream capture (see capture.h). One lock for the captures (taken with no
 // other sim lock held but the race checkers', which nest inside it); the checkers are per capture.
-#include "capture.h"
+#include "graph_capture.h"
 
-#include "../runtime/capture.h"
+#include "../runtime/capture_probe.h"
 #include "state.h"
 
 #include <c10/util/Exception.h>

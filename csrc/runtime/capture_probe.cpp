@@ -1,5 +1,5 @@
 // The capture probes of the backends (see capture.h) and the process-wide query gate.
-#include "capture.h"
+#include "capture_probe.h"
 
 #include <array>
 #include <atomic>

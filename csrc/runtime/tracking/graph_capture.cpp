@@ -1,9 +1,9 @@
-// The capture room (see capture.h and "Graph capture" in tracking.h): captures underway, each a
-// world of its own; the hooks around a capture's begin and end; what a captured graph keeps (its
-// replays are graph_replay.cpp's). Touches the worlds it owns, the thread's capture, the query gate
-// (capture.h of the runtime), and the main state only to give eager work its events before a stream
-// captures.
-#include "capture.h"
+// The capture module (see capture.h and "Graph capture" in tracking.h): captures underway, each a
+// state of its own; the hooks around a capture's begin and end; what a captured graph keeps (its
+// replays are graph_replay.cpp's). Touches the captures' states it owns, the thread's capture, the
+// query gate (capture.h of the runtime), and the main state only to give eager work its events
+// before a stream captures.
+#include "graph_capture.h"
 
 #include "../context.h"
 #include "../runtime.h"
@@ -24,22 +24,22 @@ namespace torch_pipeline {
 namespace tracking {
 
 struct CaptureHandle::Impl {
-  detail::WorldPtr world;
+  detail::TrackedCapturePtr tracked;
 };
 
 namespace detail {
 namespace {
 
-constexpr size_t kMaxErrors = 8;  // errors a world remembers
+constexpr size_t kMaxErrors = 8;  // errors a capture remembers
 
 std::atomic<bool> g_aware{true};
 
 // Leaked, like state(): ops may run at exit.
-core::CaptureRegistry<CaptureWorld>* const g_registry =
-    new core::CaptureRegistry<CaptureWorld>(query_gate());
+core::CaptureRegistry<TrackedCapture>* const g_registry =
+    new core::CaptureRegistry<TrackedCapture>(query_gate());
 
 // The capture this thread began, until it ends (on any thread: then it is dropped here lazily).
-thread_local WorldPtr t_world;
+thread_local TrackedCapturePtr t_capture;
 // Between capture_prepare() and capture_begun() / capture_abandoned(): the prepare's pause.
 thread_local std::unique_ptr<core::QueryPause> t_prepared;
 
@@ -48,31 +48,31 @@ c10::Stream current_stream(const c10::Device& d) {
 }
 
 // This thread's capture, if it has not ended.
-WorldPtr& thread_world() {
-  if (t_world && t_world->ended.load(std::memory_order_acquire)) {
-    t_world.reset();
+TrackedCapturePtr& thread_capture() {
+  if (t_capture && t_capture->ended.load(std::memory_order_acquire)) {
+    t_capture.reset();
   }
-  return t_world;
+  return t_capture;
 }
 
 uintptr_t key_of(const c10::Storage& s) {
   return reinterpret_cast<uintptr_t>(s.unsafeGetStorageImpl());
 }
 
-WorldPtr make_world(core::CaptureId id, const c10::Stream& origin) {
+TrackedCapturePtr make_capture(core::CaptureId id, const c10::Stream& origin) {
   count(&Counters::captures);
-  return std::make_shared<CaptureWorld>(id, origin);
+  return std::make_shared<TrackedCapture>(id, origin);
 }
 
 // Tracking failed inside the capture of `w`: raised again when it ends (the first few).
-void note_error_locked(CaptureWorld& w, const std::string& message) {
+void note_error_locked(TrackedCapture& w, const std::string& message) {
   if (w.errors.size() < kMaxErrors &&
       std::find(w.errors.begin(), w.errors.end(), message) == w.errors.end()) {
     w.errors.push_back(message);
   }
 }
 
-[[noreturn]] void fail_in(CaptureWorld& w, const std::string& message, bool locked) {
+[[noreturn]] void fail_in(TrackedCapture& w, const std::string& message, bool locked) {
   if (locked) {
     note_error_locked(w, message);
   } else {
@@ -96,9 +96,10 @@ void record_eager_end(const c10::Stream& stream) {
   }
 }
 
-// The slow path of world_for_launch (a capture is underway, or this thread is about to begin one).
-WorldPtr find_world(const std::vector<c10::Device>& devices) {
-  WorldPtr& mine = thread_world();
+// The slow path of capture_for_launch (a capture is underway, or this thread is about to begin
+// one).
+TrackedCapturePtr find_capture(const std::vector<c10::Device>& devices) {
+  TrackedCapturePtr& mine = thread_capture();
   for (const c10::Device& d : devices) {
     const c10::Stream stream = current_stream(d);
     const core::CaptureId id = capture_of(stream);
@@ -106,7 +107,7 @@ WorldPtr find_world(const std::vector<c10::Device>& devices) {
       case core::CaptureRoute::kEager:
         continue;
       case core::CaptureRoute::kFork:
-        return mine;  // (join_world_locked forks the stream in)
+        return mine;  // (join_capture_locked forks the stream in)
       case core::CaptureRoute::kMixed: {
         std::ostringstream msg;
         msg << "torch_pipeline: an op was launched on " << stream
@@ -124,13 +125,13 @@ WorldPtr find_world(const std::vector<c10::Device>& devices) {
         if (id == core::kUnknownCapture) {
           continue;  // an invalidated capture this thread did not begin: left to the device
         }
-        if (WorldPtr w = g_registry->find(id)) {
+        if (TrackedCapturePtr w = g_registry->find(id)) {
           return w;  // another thread's capture (its stream, or one that joined it)
         }
         if (t_prepared && !mine) {
           // This thread's capture, begun by the device and not registered yet (capture_begun
           // finds it registered).
-          mine = g_registry->add(id, [&] { return make_world(id, stream); });
+          mine = g_registry->add(id, [&] { return make_capture(id, stream); });
           return mine;
         }
         warn_once("capture without hooks",
@@ -167,28 +168,30 @@ at::Tensor tensor_of(c10::Storage storage) {
   return t;
 }
 
-CaptureWorld::CaptureWorld(core::CaptureId i, const c10::Stream& o)
+TrackedCapture::TrackedCapture(core::CaptureId i, const c10::Stream& o)
     : id(i), origin(o), ledger(i, /*origin's id in st*/ 1) {
   st.period = kCapturePeriod | (i & ~kCapturePeriod);
-  const StreamEntry& e = st.streams.acquire(origin);  // (no baseline in a world)
-  TORCH_INTERNAL_ASSERT(e.id == 1, "the origin of a capture is its world's first stream");
+  const StreamEntry& e = st.streams.acquire(origin);  // (no baseline in a capture)
+  TORCH_INTERNAL_ASSERT(e.id == 1, "the origin of a capture is its state's first stream");
 }
 
 bool capture_aware() { return g_aware.load(std::memory_order_relaxed); }
 
-WorldPtr world_for_launch(const std::vector<c10::Device>& devices) {
+TrackedCapturePtr capture_for_launch(const std::vector<c10::Device>& devices) {
   if (g_registry->size() == 0 && !t_prepared) {
     return nullptr;  // (the op path: no capture begun through the hooks is underway)
   }
   if (!capture_aware()) {
     return nullptr;
   }
-  return find_world(devices);
+  return find_capture(devices);
 }
 
-WorldPtr world_of_period(uint64_t period) { return g_registry->find(period & ~kCapturePeriod); }
+TrackedCapturePtr capture_of_period(uint64_t period) {
+  return g_registry->find(period & ~kCapturePeriod);
+}
 
-WorldPtr world_of_stream(const c10::Stream& stream) {
+TrackedCapturePtr tracked_capture_of(const c10::Stream& stream) {
   if (g_registry->size() == 0 || !capture_aware()) {
     return nullptr;
   }
@@ -196,16 +199,16 @@ WorldPtr world_of_stream(const c10::Stream& stream) {
   if (id == core::kNoCapture) {
     return nullptr;
   }
-  const WorldPtr& mine = thread_world();
+  const TrackedCapturePtr& mine = thread_capture();
   if (mine && (id == core::kUnknownCapture || id == mine->id)) {
     return mine;
   }
   return id == core::kUnknownCapture ? nullptr : g_registry->find(id);
 }
 
-bool capturing_thread() { return t_world && !t_world->ended.load(std::memory_order_acquire); }
+bool capturing_thread() { return t_capture && !t_capture->ended.load(std::memory_order_acquire); }
 
-void join_world_locked(CaptureWorld& w, StreamEntry& se) {
+void join_capture_locked(TrackedCapture& w, StreamEntry& se) {
   if (w.ledger.joined(se.id)) {
     return;
   }
@@ -239,7 +242,8 @@ void join_world_locked(CaptureWorld& w, StreamEntry& se) {
   w.ledger.join(se.id);
 }
 
-void capture_use_locked(CaptureWorld& w, StreamEntry& se, const c10::Storage& storage, bool write) {
+void capture_use_locked(TrackedCapture& w, StreamEntry& se, const c10::Storage& storage,
+                        bool write) {
   if (w.ledger.use(
           key_of(storage), se.id, write, [&] { return storage.getWeakStorageImpl(); },
           [&] { return tensor_of(storage); })) {
@@ -247,7 +251,7 @@ void capture_use_locked(CaptureWorld& w, StreamEntry& se, const c10::Storage& st
   }
 }
 
-void capture_output_locked(CaptureWorld& w, const c10::Storage& storage, core::StreamId home) {
+void capture_output_locked(TrackedCapture& w, const c10::Storage& storage, core::StreamId home) {
   // Host memory a captured copy writes is written at every replay: kept.
   if (w.ledger.born(
           key_of(storage), home, /*keep=*/storage.device().is_cpu(),
@@ -279,10 +283,11 @@ void explain_failed_query(const char* what, const c10::Error& e, uint64_t period
 void reset_captures_after_fork() {
   g_registry->reset_after_fork();
   query_gate().reset_after_fork();
-  if (t_world) {
-    new WorldPtr(std::move(t_world));  // (leaked: its lock may be held by a thread now gone)
+  if (t_capture) {
+    new TrackedCapturePtr(
+        std::move(t_capture));  // (leaked: its lock may be held by a thread now gone)
   }
-  t_world.reset();
+  t_capture.reset();
   (void)t_prepared.release();  // (leaked: its gate was reset above)
 }
 
@@ -300,7 +305,7 @@ void capture_prepare(const c10::Stream& stream) {
   if (!capture_aware()) {
     return;
   }
-  TORCH_CHECK(!t_prepared && !thread_world(),
+  TORCH_CHECK(!t_prepared && !thread_capture(),
               "torch_pipeline: this thread is already capturing a graph; a thread captures one "
               "graph at a time (end that capture first)");
   // Queries pause here, and the ones running now finish first. Until the capture is registered
@@ -333,11 +338,11 @@ std::shared_ptr<CaptureHandle> capture_begun(const c10::Stream& stream) {
   std::shared_ptr<CaptureHandle> handle;
   const core::CaptureId id = capture_of(stream);
   if (id != core::kNoCapture && id != core::kUnknownCapture) {
-    WorldPtr w = g_registry->add(id, [&] { return make_world(id, stream); });
+    TrackedCapturePtr w = g_registry->add(id, [&] { return make_capture(id, stream); });
     auto impl = std::make_unique<CaptureHandle::Impl>();
-    impl->world = w;
+    impl->tracked = w;
     handle = std::make_shared<CaptureHandle>(std::move(impl));
-    t_world = std::move(w);
+    t_capture = std::move(w);
   }
   prepared.reset();  // (the registry holds its own pause while the capture is underway)
   if (!handle) {
@@ -359,7 +364,7 @@ size_t capture_join_back(const CaptureHandle* capture) {
   if (capture == nullptr) {
     return 0;
   }
-  CaptureWorld& w = *capture->impl().world;
+  TrackedCapture& w = *capture->impl().tracked;
   std::lock_guard<std::mutex> lock(w.st.mutex);
   const StreamId origin = w.ledger.origin();
   const auto unjoined = w.ledger.unjoined(
@@ -385,13 +390,13 @@ std::shared_ptr<CapturedGraph> capture_ended(const CaptureHandle* capture) {
   if (capture == nullptr) {
     return nullptr;
   }
-  const WorldPtr& w = capture->impl().world;
+  const TrackedCapturePtr& w = capture->impl().tracked;
   if (w->ended.exchange(true)) {
     return nullptr;  // (ended already)
   }
   g_registry->remove(w->id);  // polls resume
-  if (t_world == w) {
-    t_world.reset();  // (on another thread, the beginning thread drops it at its next look)
+  if (t_capture == w) {
+    t_capture.reset();  // (on another thread, the beginning thread drops it at its next look)
   }
   GraphLedger::Graph g;
   std::vector<std::string> errors;
@@ -399,7 +404,7 @@ std::shared_ptr<CapturedGraph> capture_ended(const CaptureHandle* capture) {
     std::lock_guard<std::mutex> lock(w->st.mutex);
     g = w->ledger.finish();
     errors = std::move(w->errors);
-  }  // (the world itself goes with the last handle: its positions mean nothing any more)
+  }  // (the capture's state goes with the last handle: its positions mean nothing any more)
   auto touched = std::make_shared<GraphReplay::Touched>();
   touched->kept.reserve(g.kept.size());
   touched->accesses.reserve(g.kept.size());
