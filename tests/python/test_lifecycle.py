@@ -551,7 +551,11 @@ def test_bad_debug_collectives_is_a_value_error_naming_the_variable() -> None:
 
 
 # ---- Ctrl-C ----------------------------------------------------------------------------------
-_WAIT_SCRIPT = """
+# A child started by a runner that itself runs in the background (`cmd &` in a shell without job
+# control, as CI scripts often are) inherits SIGINT ignored, and Python then installs no handler
+# for it: the children below install Python's, as an interpreter started from a terminal has.
+_AS_FROM_A_TERMINAL = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+_WAIT_SCRIPT = _AS_FROM_A_TERMINAL + """
 import os
 import sys
 import time
@@ -607,7 +611,8 @@ def test_sigint_during_exit_wait_cancels_and_exits() -> None:
     """Ctrl-C while the exit handler waits for a long task: queued tasks are cancelled, the
     running one abandoned, the process ends promptly and says so on stderr."""
     proc = _start_script(
-        """
+        _AS_FROM_A_TERMINAL
+        + textwrap.dedent("""
         import atexit
         import time
         import torch_pipeline as tp
@@ -618,7 +623,7 @@ def test_sigint_during_exit_wait_cancels_and_exits() -> None:
             p.submit(print, f"QUEUED-{i}", flush=True)
         # registered after torch_pipeline's handler, so it runs first (atexit is LIFO)
         atexit.register(print, "EXITING", flush=True)
-        """
+        """)
     )
     try:
         assert proc.stdout is not None
