@@ -15,9 +15,14 @@ namespace torch_pipeline {
 namespace tracking {
 namespace detail {
 
+// The one place that changes StorageData's host-watch field.
+struct HostWatchAccess {
+  static void watch(StorageData& d) { d.host_watched_ = true; }
+};
+
 void watch_locked(StorageEntry& e) {
-  if (!e.data.host_watched) {
-    e.data.host_watched = true;
+  if (!e.data.host_watched()) {
+    HostWatchAccess::watch(e.data);
     g_host_watch.fetch_add(1, std::memory_order_relaxed);
   }
 }
@@ -36,7 +41,7 @@ void host_access(const std::vector<Access>& cpu, std::vector<StorageId>& reads,
     writes.clear();
     for (const Access& a : cpu) {
       StorageEntry* e = find_storage_locked(st, a.tensor->storage().unsafeGetStorageImpl());
-      if (e != nullptr && e->data.host_watched) {
+      if (e != nullptr && e->data.host_watched()) {
         define_pending_locked(st, *e);
         (a.write ? writes : reads).push_back(e->id);
       }
@@ -98,7 +103,7 @@ void host_access(const std::vector<Access>& cpu, std::vector<StorageId>& reads,
 void pending_copies_locked(LiveState& st, std::vector<std::shared_ptr<c10::Event>>& out) {
   std::vector<StreamId> touched;
   st.storages.for_each_alive([&](StorageEntry& e) {
-    if (!e.data.host_watched) {
+    if (!e.data.host_watched()) {
       return;
     }
     define_pending_locked(st, e);

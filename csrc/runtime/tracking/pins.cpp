@@ -36,6 +36,11 @@ bool running_here(const PinPtr& p) {
 }
 }  // namespace
 
+// The one place that changes StorageData's pins.
+struct PinsAccess {
+  static std::vector<PinPtr>& pins(StorageData& d) { return d.pins_; }
+};
+
 void blocking_wait(const Step& step) {
   BlockingWait wait;
   {
@@ -70,10 +75,10 @@ void wait_for_pins(const std::vector<Access>& accesses) {
         continue;
       }
       StorageEntry* e = find_storage_locked(st, a.tensor->storage().unsafeGetStorageImpl());
-      if (e == nullptr || e->data.pins.empty()) {
+      if (e == nullptr || !e->data.pinned()) {
         continue;
       }
-      auto& pins = e->data.pins;
+      auto& pins = PinsAccess::pins(e->data);
       pins.erase(std::remove_if(pins.begin(), pins.end(),
                                 [](const PinPtr& p) {
                                   std::lock_guard<std::mutex> l(p->mutex);
@@ -123,7 +128,7 @@ TaskPins::TaskPins(const std::vector<at::Tensor>& tensors, int worker_id)
   LiveState& st = state();
   std::lock_guard<std::mutex> lock(st.mutex);
   for (const at::Tensor* t : pinned) {
-    acquire_storage_locked(st, t->storage()).data.pins.push_back(state_);
+    PinsAccess::pins(acquire_storage_locked(st, t->storage()).data).push_back(state_);
   }
 }
 

@@ -79,9 +79,18 @@ StreamId host_stream();
 inline bool is_host(StreamId id) { return id < 0; }
 
 // ---- one live period ------------------------------------------------------------------------
-struct StorageData {          // the runtime's fields of a storage entry
-  bool host_watched = false;  // a CPU storage an async copy touched (host_watch.*)
-  std::vector<PinPtr> pins;   // tasks pinning it (pins.*)
+// The runtime's fields of a storage entry, each one module's: only that module's access struct
+// (a friend defined in its .cpp) changes it; others may read.
+class StorageData {
+ public:
+  bool host_watched() const { return host_watched_; }  // an async copy touched it (host_watch.*)
+  bool pinned() const { return !pins_.empty(); }       // a task pins it (pins.*)
+
+ private:
+  friend struct HostWatchAccess;  // host_watch.cpp
+  friend struct PinsAccess;       // pins.cpp
+  bool host_watched_ = false;
+  std::vector<PinPtr> pins_;
 };
 using StorageTable = core::StorageTable<const c10::StorageImpl*,
                                         c10::weak_intrusive_ptr<c10::StorageImpl>, StorageData>;

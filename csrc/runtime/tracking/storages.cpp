@@ -43,7 +43,7 @@ void forget_dead_locked(LiveState& st, std::vector<StorageEntry>& dead) {
   int64_t watched = 0;
   for (const StorageEntry& e : dead) {
     ids.push_back(e.id);
-    watched += e.data.host_watched ? 1 : 0;
+    watched += e.data.host_watched() ? 1 : 0;
   }
   if (watched != 0) {
     g_host_watch.fetch_sub(watched, std::memory_order_relaxed);
