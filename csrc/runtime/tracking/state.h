@@ -58,7 +58,7 @@ using core::StorageId;
 using core::StreamId;
 using PinPtr = std::shared_ptr<TaskPins::State>;
 
-// ---- process-wide switches and counters (lock-free reads on the op path) ----------------------
+// ---- process-wide switches (lock-free reads on the op path; the counters: counters.h) ---------
 extern std::atomic<bool> g_live;       // ops are tracked (set after going live, cleared first
                                        // when going idle)
 extern std::atomic<bool> g_observing;  // the RecordFunction path's callback installed is this
