@@ -37,12 +37,6 @@ class StreamTable {
   StreamEntry* find(const c10::Stream& stream);
   StreamEntry& at(core::StreamId id);  // (one that is known)
   size_t size() const { return by_stream_.size(); }
-  template <class F>
-  void for_each(F&& f) {
-    for (auto& [stream, entry] : by_stream_) {
-      f(*entry);
-    }
-  }
   // Going live: events on the current and default streams of every device (not on a stream that
   // captures a graph now: the event would be part of the graph).
   void record_baseline();
