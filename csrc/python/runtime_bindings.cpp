@@ -324,6 +324,33 @@ device); both need enable_timing=True.
         return d;
       },
       "Counters of automatic synchronization (torch_pipeline.tracking_stats()).");
+  m.def(
+      "_tracker_parts",
+      [] {
+        const tracking::PartsSnapshot s = tracking::parts_snapshot();
+        auto part = [](std::initializer_list<std::pair<const char*, uint64_t>> fields) {
+          py::dict d;
+          for (const auto& [name, value] : fields) {
+            d[name] = value;
+          }
+          return d;
+        };
+        py::dict d;
+        d["period"] = s.period;
+        d["tracker"] = part({{"storages", s.tracker_storages},
+                             {"records", s.tracker_records},
+                             {"history", s.tracker_history}});
+        d["streams"] = part({{"entries", s.stream_entries},
+                             {"in_flight", s.streams_in_flight},
+                             {"events", s.stream_events}});
+        d["storages"] =
+            part({{"entries", s.storage_entries}, {"young", s.young}, {"sweeps", s.sweeps}});
+        d["kept"] =
+            part({{"count", s.kept}, {"queued", s.kept_queued}, {"streams", s.kept_streams}});
+        d["async_works"] = part({{"works", s.async_works}});
+        return d;
+      },
+      "What each part of the tracker's state holds now (tests of the parts, bug reports).");
   m.def("_cuda_exclusive_streams", [] { return has_exclusive_streams(c10::kCUDA); });
 }
 

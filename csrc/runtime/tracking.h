@@ -151,6 +151,24 @@ struct Stats {
 };
 Stats stats();
 
+// What each part of the tracker's state holds now (docs/design.md, "The tracker's parts"), read
+// under its lock: for the tests of each part (tests/python/tracking/) and bug reports.
+struct PartsSnapshot {
+  uint64_t period = 0;
+  // tracker (core::DependencyTracker)
+  uint64_t tracker_storages = 0, tracker_records = 0, tracker_history = 0;
+  // streams (StreamTable): entries, positions still launching, events kept by position
+  uint64_t stream_entries = 0, streams_in_flight = 0, stream_events = 0;
+  // storages (StorageTable): entries (some dead until a sweep), young outputs, sweeps
+  uint64_t storage_entries = 0, young = 0, sweeps = 0;
+  // kept (KeptStorages): its count, the storages in its queues counted one by one, the streams
+  // with any
+  uint64_t kept = 0, kept_queued = 0, kept_streams = 0;
+  // async_works (AsyncWorks)
+  uint64_t async_works = 0;
+};
+PartsSnapshot parts_snapshot();
+
 // How the tracker blocks the calling thread (for a task that pins a tensor being written, or
 // for another thread going idle):
 // `wait(step)` until step(timeout) returns true. The Python layer installs one that lets go of

@@ -44,6 +44,10 @@ class AsyncWorks {
     }
     return std::nullopt;
   }
+  size_t size() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return works_.size();
+  }
   void clear() {
     std::deque<std::pair<const void*, std::vector<at::Tensor>>> dropped;  // (after the lock)
     std::lock_guard<std::mutex> lock(mutex_);

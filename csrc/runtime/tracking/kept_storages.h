@@ -12,6 +12,7 @@
 
 #include <optional>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace torch_pipeline {
@@ -53,6 +54,16 @@ class KeptStorages {
     ++total_;
   }
   size_t size() const { return total_; }
+  // The storages in the queues, counted one by one, and the streams with any: size() must equal
+  // the first (tracker_parts(): the tests of this part).
+  std::pair<size_t, size_t> count_queued() const {
+    size_t storages = 0, streams = 0;
+    for (const auto& [stream, q] : queues_) {
+      storages += q.size();
+      streams += q.empty() ? 0 : 1;
+    }
+    return {storages, streams};
+  }
   // A device launch: whether a poll is due (polled() starts the count again).
   bool launch_makes_poll_due(size_t poll_every) { return ++launches_since_poll_ >= poll_every; }
   void polled() { launches_since_poll_ = 0; }

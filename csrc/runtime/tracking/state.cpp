@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <string>
+#include <tuple>
 
 #include "graph_capture.h"
 #include "storages.h"
@@ -140,6 +141,29 @@ Stats stats() {
     s.kept_alive_bytes += storage.nbytes();
   });
   s.streams = st.streams.size();
+  return s;
+}
+
+PartsSnapshot parts_snapshot() {
+  using namespace detail;
+  PartsSnapshot s;
+  LiveState& st = state();
+  s.async_works = st.async_works.size();  // (its own lock, a leaf: before the state's)
+  std::lock_guard<std::mutex> lock(st.mutex);
+  s.period = st.period;
+  s.tracker_storages = st.tracker->num_storages();
+  s.tracker_records = st.tracker->num_records();
+  s.tracker_history = st.tracker->num_history_entries();
+  s.stream_entries = st.streams.size();
+  st.streams.for_each([&](const StreamEntry& e) {
+    s.streams_in_flight += e.log.in_flight();
+    s.stream_events += e.log.events();
+  });
+  s.storage_entries = st.storages.size();
+  s.young = st.storages.young();
+  s.sweeps = st.storages.sweeps();
+  s.kept = st.kept.size();
+  std::tie(s.kept_queued, s.kept_streams) = st.kept.count_queued();
   return s;
 }
 

@@ -37,6 +37,13 @@ class StreamTable {
   StreamEntry* find(const c10::Stream& stream);
   StreamEntry& at(core::StreamId id);  // (one that is known)
   size_t size() const { return by_stream_.size(); }
+  // f(const StreamEntry&) for each entry (tracker_parts(): the tests of this part).
+  template <class F>
+  void for_each(F&& f) const {
+    for (const auto& [stream, entry] : by_stream_) {
+      f(*entry);
+    }
+  }
   // Going live: events on the current and default streams of every device (not on a stream that
   // captures a graph now: the event would be part of the graph).
   void record_baseline();
