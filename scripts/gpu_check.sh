@@ -366,7 +366,7 @@ device_step bench_submit 30 bench/bench_submit.py --quick $BENCH_FLAGS
 device_step bench_tracking 45 bench/bench_tracking.py --quick --only cuda $BENCH_FLAGS
 device_step bench_allocator 45 bench/bench_allocator.py --device cuda --depths 64 --steps 10
 # shellcheck disable=SC2086
-device_step bench_lanes 40 bench/bench_lanes.py --device cuda --quick $BENCH_FLAGS
+device_step bench_overlap 40 bench/bench_overlap.py --device cuda --quick $BENCH_FLAGS
 if [ -z "$NO_DEVICE" ] && [ "$BUILD_OK" = 1 ] && ! has triton && selected bench_compile; then
   STEP_NOTE="triton missing: the [compile] rows report SKIP"
 fi

@@ -23,7 +23,7 @@ EXAMPLES = ("async_logging", "multi_branch", "overlap_allreduce")
 # Every step gpu_check.sh runs, in order (a step missing from the summary or not listed here is
 # reported, and CI's dry run fails on either).
 STEPS = ("env", "build", "pytest-gpu", "bench_context", "bench_submit", "bench_tracking",
-         "bench_allocator", "bench_lanes", "bench_compile") + EXAMPLES
+         "bench_allocator", "bench_overlap", "bench_compile") + EXAMPLES
 
 
 def _read_jsonl(path: str) -> List[Dict[str, Any]]:

@@ -50,7 +50,7 @@ from ._C import (
 )
 from ._collectives import collective, comm_stream
 from ._decorators import pipelined
-from ._lanes import carry, item_async, offload, prefetch
+from ._overlap import carry, item_async, offload, prefetch
 from ._tasks import TaskFuture
 from ._tracking import track, tracking_stats
 from ._version import __version__ as __version__

@@ -81,8 +81,8 @@ def test_the_summary_carries_steps_versions_benchmarks_and_tests(tmp_path: Path)
 
 def test_a_stopped_run_reruns_the_build_what_failed_and_what_it_did_not_reach() -> None:
     assert gpu_summary._rerun([], []) is None
-    assert gpu_summary._rerun(["interrupted"], ["bench_lanes", "multi_branch"]) == (
-        "GPU_CHECK_STEPS=build,bench_lanes,multi_branch")
+    assert gpu_summary._rerun(["interrupted"], ["bench_overlap", "multi_branch"]) == (
+        "GPU_CHECK_STEPS=build,bench_overlap,multi_branch")
     assert gpu_summary._rerun(["build"], []) == "GPU_CHECK_STEPS=build"
 
 
@@ -110,9 +110,9 @@ def test_a_complete_dry_run_passes_the_ci_check(tmp_path: Path) -> None:
 
 
 def test_the_ci_check_rejects_a_failed_step_an_extra_file_or_another_torch(tmp_path: Path) -> None:
-    out = _dry_out(tmp_path, {"bench_lanes": "FAILED (dry check)"})
+    out = _dry_out(tmp_path, {"bench_overlap": "FAILED (dry check)"})
     (out / "extra.log").write_text("")
     found = gpu_check_verify.problems(str(out), "2.14.1")
-    assert any("bench_lanes" in f for f in found), found
+    assert any("bench_overlap" in f for f in found), found
     assert any("extra.log" in f for f in found), found
     assert any("expected '2.14.1'" in f for f in found), found

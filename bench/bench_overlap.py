@@ -1,4 +1,4 @@
-"""The lanes (tp.prefetch, tp.item_async, tp.offload) against what users write without them.
+"""The overlap helpers (tp.prefetch, tp.item_async, tp.offload) against what users write without them.
 
 Rows, each side by side in one process (see _harness.py):
 
@@ -9,12 +9,12 @@ Rows, each side by side in one process (see _harness.py):
   ``tp.offload`` vs keeping activations vs ``save_on_cpu``, and the peak device memory of each.
 
 On the sim device in its default (synchronous) mode every copy and read completes at once, so the
-``sim`` rows show the lanes' own cost, not the overlap they buy. ``sim-async`` runs the sim device
+``sim`` rows show the helpers' own cost, not the overlap they buy. ``sim-async`` runs the sim device
 asynchronously with a latency model (every kernel and copy takes at least 300 us plus its bytes at
 2 GB/s on its stream's thread), so host stalls and overlap show as on a GPU; ``cuda`` is the real
 thing (run by scripts/gpu_check.sh).
 
-    python bench/bench_lanes.py [--device sim|sim-async|cuda] [--quick]
+    python bench/bench_overlap.py [--device sim|sim-async|cuda] [--quick]
 """
 from __future__ import annotations
 
@@ -182,7 +182,7 @@ def main(argv: List[str]) -> int:
         if overlapping:
             ok &= check_targets(samples, [target])
     if not overlapping:
-        print("(sim, synchronous mode: these rows are the lanes' own cost; see the docstring)")
+        print("(sim, synchronous mode: these rows are the helpers' own cost; see the docstring)")
     return finish(ok, args.check)
 
 

@@ -1,4 +1,4 @@
-"""The lanes users ask for (tp.carry, tp.item_async, tp.prefetch, tp.offload), on the sim device in
+"""The overlap helpers users ask for (tp.carry, tp.item_async, tp.prefetch, tp.offload), on the sim device in
 strict mode: each gives the synchronous program's values with no race, and its untracked twin
 (tracking off with the test-only switch) races, so the tests fail when automatic synchronization
 stops ordering them.
@@ -219,7 +219,7 @@ def test_offload_gives_the_gradients_of_keeping_activations() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_lanes_on_the_asynchronous_sim_device() -> None:
+def test_helpers_on_the_asynchronous_sim_device() -> None:
     """With kernels that take time (asynchronous sim mode), offload and prefetch still give the
     synchronous program's values; their copies run on the device's queues, whose CPU work the
     tracker must not mistake for the program's (it once made a queued copy wait for itself)."""

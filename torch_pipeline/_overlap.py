@@ -1,7 +1,8 @@
-"""Lanes for the stream problems users bring: thread inheritance (``carry``), asynchronous scalar
-reads (``item_async``), host-to-device prefetch (``prefetch``) and activation offload
-(``offload``). Each is a few lines over pipelines; automatic synchronization orders them, so none
-of them synchronizes the host or asks the user to."""
+"""The overlap helpers, for the stream problems users bring: thread inheritance (``carry``),
+asynchronous scalar reads (``item_async``), host-to-device prefetch (``prefetch``) and activation
+offload (``offload``). Each is a few lines over pipelines, each on a pipeline of its own (its
+lane); automatic synchronization orders them, so none of them synchronizes the host or asks the
+user to."""
 from __future__ import annotations
 
 import collections
