@@ -8,7 +8,7 @@
 
 #include <torch/csrc/utils/pybind.h>
 
-#include "../runtime/waits.h"
+#include "../runtime/host_waits.h"
 
 #include <c10/util/Exception.h>
 
@@ -50,7 +50,7 @@ class ReleasedGil {
 };
 
 // The one blocking wait of torch_pipeline (installed as the runtime's block hook, see
-// csrc/runtime/waits.h, and as the tracker's blocking wait): runs `step(kWaitStep)` until it
+// csrc/runtime/host_waits.h, and as the tracker's blocking wait): runs `step(kWaitStep)` until it
 // returns true. A thread that holds the GIL lets go of it while a step runs (the thread being
 // waited for may need it) and, if `interruptible`, checks for signals between steps, so Ctrl-C
 // raises KeyboardInterrupt (pybind11::error_already_set) in the waiting thread. Once the

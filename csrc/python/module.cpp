@@ -7,7 +7,7 @@
 
 #include "../runtime/runtime.h"
 #include "../runtime/tracking.h"
-#include "../runtime/waits.h"
+#include "../runtime/host_waits.h"
 
 #include <torch/csrc/utils/pybind.h>
 

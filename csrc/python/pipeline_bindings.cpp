@@ -1,5 +1,5 @@
 // Bindings of worker threads and pipelines: argument checking and conversion only; the behaviour
-// is in csrc/runtime (context.h, waits.h) and tasks.h.
+// is in csrc/runtime (context.h, host_waits.h) and tasks.h.
 #include "bindings.h"
 #include "convert.h"
 #include "gil.h"
@@ -8,7 +8,7 @@
 #include "../runtime/context.h"
 #include "../runtime/event.h"
 #include "../runtime/runtime.h"
-#include "../runtime/waits.h"
+#include "../runtime/host_waits.h"
 
 #include <torch/version.h>
 

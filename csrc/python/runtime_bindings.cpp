@@ -16,7 +16,7 @@
 #include "../runtime/streams.h"
 #include "../runtime/task.h"
 #include "../runtime/tracking.h"
-#include "../runtime/waits.h"
+#include "../runtime/host_waits.h"
 
 #include <ATen/record_function.h>
 #include <torch/csrc/Storage.h>

@@ -7,7 +7,7 @@
 #include "../runtime/runtime.h"
 #include "../runtime/task.h"
 #include "../runtime/tracking.h"
-#include "../runtime/waits.h"
+#include "../runtime/host_waits.h"
 #include "../runtime/warn.h"
 
 #include <ATen/record_function.h>

@@ -1,5 +1,5 @@
 // Python tasks: Pipeline.submit(fn, *args, **kwargs) and the interpreter-exit drain. The waits on
-// tasks are the runtime's (csrc/runtime/waits.h).
+// tasks are the runtime's (csrc/runtime/host_waits.h).
 #pragma once
 
 #include "../runtime/pipeline.h"

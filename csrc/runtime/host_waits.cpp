@@ -1,4 +1,4 @@
-#include "waits.h"
+#include "host_waits.h"
 
 #include "context.h"
 #include "devices.h"

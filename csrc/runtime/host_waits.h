@@ -1,5 +1,6 @@
-// Blocking waits of the runtime: for tasks, pipelines and devices (docs/design.md,
-// "The Python API and the rules users rely on": Pipeline.query/synchronize,
+// Host waits of the runtime, the ones that block the calling thread (a stream wait, which orders
+// a stream after an event, is an Event::block elsewhere): for tasks, pipelines and devices
+// (docs/design.md, "The Python API and the rules users rely on": Pipeline.query/synchronize,
 // torch_pipeline.synchronize, TaskFuture.wait, the exit drain).
 //
 // Every wait goes through block_until(), which runs a wait step until it reports done. The Python
