@@ -10,10 +10,11 @@
 // tensor that may stand for others, no watched host memory, no pins) needs nothing from the
 // tracker, so these kernels check the same on the arguments as they are and call the next
 // kernel directly. Any other call needs op_start's boxed view of its arguments, but not a
-// heap-allocated stack nor an unboxing below: they are boxed into an array on this frame and the
-// op runs unboxed (an operator whose return is not one tensor or scalar goes to the boxed
-// fallback). The list is what CPU-side code (data loading, metrics, the optimizer's CPU state,
-// the host side of copies) and model steps call most; an operator not on it is observed
+// heap-allocated stack nor an unboxing below: they are boxed into an array on this frame (the
+// plain arguments op_start reads nothing of, int lists among them, as None) and the op runs
+// unboxed (an operator whose return is not a tensor, a scalar, a tuple of tensors or nothing goes
+// to the boxed fallback). The list is what CPU-side code (data loading, metrics, the optimizer's
+// CPU state, the host side of copies) and model steps call most; an operator not on it is observed
 // exactly as before, only boxed. Each argument type is one of the overloads of host_arg below, or a
 // type that holds no tensor and no device (kPlainArg): an operator whose schema holds another type
 // does not compile here, so no tensor can hide in an argument the check skips.
@@ -27,8 +28,10 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include <array>
 #include <optional>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 
 namespace torch_pipeline {
@@ -49,8 +52,15 @@ struct PlainArg
           std::is_same_v<T, c10::OptionalArrayRef<c10::SymInt>>> {};
 template <class T>
 struct PlainArg<std::optional<T>> : PlainArg<T> {};
+template <size_t N>
+struct PlainArg<std::array<bool, N>> : std::true_type {};  // (output masks)
 template <class T>
 constexpr bool kPlainArg = PlainArg<std::remove_cv_t<std::remove_reference_t<T>>>::value;
+// Plain arguments op_start reads nothing of (all but flags: a non_blocking flag is a bool) and
+// boxes as None: an int list boxed for real is a heap-allocated list.
+template <class T>
+constexpr bool kUnreadArg =
+    kPlainArg<T> && !std::is_arithmetic_v<std::remove_cv_t<std::remove_reference_t<T>>>;
 
 bool host_arg(const at::Tensor& t) { return host_tensor(t); }
 bool host_arg(const std::optional<at::Tensor>& t) { return !t.has_value() || host_arg(*t); }
@@ -85,11 +95,39 @@ bool host_arg(const T&) {
   return true;
 }
 
-// The returns the unboxed observing path boxes for op_end: one tensor (a value or a reference) or
-// a scalar. An operator with another return is observed by the boxed fallback.
+// The returns the unboxed observing path boxes for op_end: one tensor (a value or a reference), a
+// scalar, a tuple of tensors (each boxed on its own, as a boxed kernel leaves them on the stack)
+// or none. An operator with another return is observed by the boxed fallback.
 template <class T>
-constexpr bool kOneReturn =
-    std::is_same_v<std::decay_t<T>, at::Tensor> || std::is_same_v<T, c10::Scalar>;
+struct Returns {
+  static constexpr bool kHandled =
+      std::is_same_v<std::decay_t<T>, at::Tensor> || std::is_same_v<T, c10::Scalar>;
+  static constexpr size_t kSize = 1;
+  static void box(const T& r, c10::IValue* out) { new (out) c10::IValue(r); }
+};
+template <>
+struct Returns<void> {
+  static constexpr bool kHandled = true;
+  static constexpr size_t kSize = 0;
+};
+template <class... Ts>
+struct Returns<std::tuple<Ts...>> {
+  static constexpr bool kHandled = (std::is_same_v<std::decay_t<Ts>, at::Tensor> && ...);
+  static constexpr size_t kSize = sizeof...(Ts);
+  static void box(const std::tuple<Ts...>& r, c10::IValue* out) {
+    std::apply([&](const auto&... t) { ((new (out++) c10::IValue(t)), ...); }, r);
+  }
+};
+
+// One argument boxed for op_start (see kUnreadArg).
+template <class T>
+void box_arg(c10::IValue*& out, const T& arg) {
+  if constexpr (kUnreadArg<T>) {
+    new (out++) c10::IValue();
+  } else {
+    new (out++) c10::IValue(arg);
+  }
+}
 
 // An op's arguments boxed on the caller's frame (no heap stack), destroyed by clear().
 template <size_t N>
@@ -131,7 +169,7 @@ struct Unboxed<Op, Ret(Args...)> {
     }
     static const c10::OperatorHandle op =
         c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
-    if constexpr (kOneReturn<Ret>) {
+    if constexpr (Returns<Ret>::kHandled) {
       // NB: an operator's facts are kept for the rest of the process (op_facts.h), and these
       // operators are never deregistered: looked up once, not per call.
       static const OpFacts& facts = op_facts(op);
@@ -146,10 +184,10 @@ struct Unboxed<Op, Ret(Args...)> {
   // What the boxed fallback does for a call it observes (observe_fallback), with the arguments
   // boxed on this frame for op_start and the op run unboxed (Note [Unboxed observer kernels]).
   static Ret observe_unboxed(const OpFacts& facts, c10::DispatchKeySet below, Args... args) {
-    constexpr size_t kBoxed = c10::impl::boxed_size<Args...>();
+    constexpr size_t kBoxed = sizeof...(Args);  // (no TensorOptions in an _ops schema: one each)
     Boxed<kBoxed> boxed;
     c10::IValue* end = boxed.data();
-    c10::impl::boxArgsToStack(end, args...);
+    (box_arg(end, args), ...);
     boxed.size = kBoxed;
     const c10::ArrayRef<c10::IValue> inputs(boxed.data(), kBoxed);
     const auto run = [&]() -> Ret { return Op::redispatch(below, std::forward<Args>(args)...); };
@@ -172,11 +210,19 @@ struct Unboxed<Op, Ret(Args...)> {
         throw;
       }
     };
-    Ret result = run_or_end();
-    const c10::IValue output(result);
-    c10::impl::ExcludeDispatchKeyGuard tracker_ops(kBothKeys);
-    op_end(taken, c10::ArrayRef<c10::IValue>(output));
-    return result;
+    if constexpr (std::is_void_v<Ret>) {
+      run_or_end();
+      c10::impl::ExcludeDispatchKeyGuard tracker_ops(kBothKeys);
+      op_end(taken, {});
+    } else {
+      Ret result = run_or_end();
+      Boxed<Returns<Ret>::kSize> outputs;
+      Returns<Ret>::box(result, outputs.data());
+      outputs.size = Returns<Ret>::kSize;
+      c10::impl::ExcludeDispatchKeyGuard tracker_ops(kBothKeys);
+      op_end(taken, c10::ArrayRef<c10::IValue>(outputs.data(), outputs.size));
+      return result;
+    }
   }
 };
 
@@ -210,6 +256,11 @@ void register_unboxed_kernels(torch::Library& lib) {
   // Reductions and linear algebra.
   add_all<ops::sum, ops::sum_dim_IntList, ops::mean, ops::mean_dim, ops::max, ops::min, ops::argmax,
           ops::mm, ops::bmm, ops::addmm, ops::matmul>(lib);
+  // Layers of a model step and their backward (the outermost op at this key: conv2d, batch_norm
+  // and relu's backward decompose above it), the optimizer's foreach updates.
+  add_all<ops::convolution, ops::convolution_backward, ops::native_batch_norm,
+          ops::native_batch_norm_backward, ops::threshold_backward, ops::_foreach_add__List,
+          ops::_foreach_add__Scalar, ops::_foreach_mul__Scalar>(lib);
   // Views, copies and shapes.
   add_all<ops::view, ops::reshape, ops::t, ops::transpose_int, ops::permute, ops::select_int,
           ops::slice_Tensor, ops::unsqueeze, ops::squeeze_dim, ops::expand, ops::contiguous,
