@@ -5,9 +5,9 @@
 #include "gil.h"
 #include "sim_bindings.h"
 
+#include "../runtime/host_waits.h"
 #include "../runtime/runtime.h"
 #include "../runtime/tracking.h"
-#include "../runtime/host_waits.h"
 
 #include <torch/csrc/utils/pybind.h>
 

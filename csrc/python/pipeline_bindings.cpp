@@ -7,8 +7,8 @@
 
 #include "../runtime/context.h"
 #include "../runtime/event.h"
-#include "../runtime/runtime.h"
 #include "../runtime/host_waits.h"
+#include "../runtime/runtime.h"
 
 #include <torch/version.h>
 

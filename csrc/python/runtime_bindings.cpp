@@ -9,6 +9,7 @@
 #include "../runtime/comm.h"
 #include "../runtime/devices.h"
 #include "../runtime/event.h"
+#include "../runtime/host_waits.h"
 #include "../runtime/op_facts.h"
 #include "../runtime/runtime.h"
 #include "../runtime/saved_original.h"
@@ -16,7 +17,6 @@
 #include "../runtime/streams.h"
 #include "../runtime/task.h"
 #include "../runtime/tracking.h"
-#include "../runtime/host_waits.h"
 
 #include <ATen/record_function.h>
 #include <torch/csrc/Storage.h>

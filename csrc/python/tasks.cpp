@@ -4,10 +4,10 @@
 #include "gil.h"
 
 #include "../runtime/context.h"
+#include "../runtime/host_waits.h"
 #include "../runtime/runtime.h"
 #include "../runtime/task.h"
 #include "../runtime/tracking.h"
-#include "../runtime/host_waits.h"
 #include "../runtime/warn.h"
 
 #include <ATen/record_function.h>
