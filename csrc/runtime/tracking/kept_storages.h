@@ -55,7 +55,7 @@ class KeptStorages {
   }
   size_t size() const { return total_; }
   // The storages in the queues, counted one by one, and the streams with any: size() must equal
-  // the first (tracker_parts(): the tests of this part).
+  // the first (parts_snapshot() in state.cpp: the tests of this part).
   std::pair<size_t, size_t> count_queued() const {
     size_t storages = 0, streams = 0;
     for (const auto& [stream, q] : queues_) {

@@ -37,7 +37,7 @@ class StreamTable {
   StreamEntry* find(const c10::Stream& stream);
   StreamEntry& at(core::StreamId id);  // (one that is known)
   size_t size() const { return by_stream_.size(); }
-  // f(const StreamEntry&) for each entry (tracker_parts(): the tests of this part).
+  // f(const StreamEntry&) for each entry (parts_snapshot() in state.cpp: the tests of this part).
   template <class F>
   void for_each(F&& f) const {
     for (const auto& [stream, entry] : by_stream_) {
