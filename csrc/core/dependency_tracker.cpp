@@ -291,7 +291,8 @@ void DependencyTracker::define(Position p, const std::vector<StorageId>& storage
     StorageState& state = storages_[s];
     state.writer = op;
     state.readers.clear();
-    state.uses.assign(1, Use{index, p.seq});
+    state.uses.clear();
+    state.uses.push_back(Use{index, p.seq});
   }
 }
 

@@ -48,6 +48,8 @@
 // an under-approximation, so it can only cause an extra wait later, never a missing one.
 #pragma once
 
+#include "small_vector.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -186,13 +188,15 @@ class DependencyTracker {
     ClockPtr clock;
   };
   struct Use {
-    uint32_t stream;
-    uint64_t seq;
+    uint32_t stream = 0;
+    uint64_t seq = 0;
   };
+  // (Readers and uses inline up to two streams: most storages see one or two, so their records
+  // cost no allocation.)
   struct StorageState {
-    Op writer;                // seq 0 while the storage was never written (since forgotten)
-    std::vector<Op> readers;  // since the last write, at most one per stream (the latest)
-    std::vector<Use> uses;    // since forgotten, at most one per stream (the latest)
+    Op writer;                   // seq 0 while the storage was never written (since forgotten)
+    SmallVector<Op, 2> readers;  // since the last write, at most one per stream (the latest)
+    SmallVector<Use, 2> uses;    // since forgotten, at most one per stream (the latest)
   };
   struct HistoryEntry {
     uint64_t
