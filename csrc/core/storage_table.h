@@ -241,6 +241,7 @@ class StorageTable {
     ++sweeps_;
     inserted_since_sweep_ = 0;
     std::vector<Entry> dead;
+    dead.reserve(map_.size());  // (entries are large: moved once, not again at each growth)
     for (auto it = map_.begin(); it != map_.end();) {
       if (it->second.ref.expired()) {
         dead.push_back(std::move(it->second));
