@@ -75,6 +75,9 @@ py::dict op_facts_dict(const std::string& full_name) {
   d["overload"] = f.overload;
   d["full_name"] = f.full_name;
   d["written"] = written;
+  // (the bool argument that turns on the writes of Note [Writes a schema hides], or None)
+  d["written_if"] =
+      f.written_if >= 0 ? py::object(py::str(args[f.written_if].name())) : py::object(py::none());
   d["transparent"] = f.transparent;
   d["non_blocking"] = f.non_blocking >= 0 ? py::object(py::str(args[f.non_blocking].name()))
                                           : py::object(py::none());

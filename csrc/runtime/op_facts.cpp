@@ -83,6 +83,30 @@ const std::vector<std::string>* g_host_sync_ops =
                                  "aten::repeat_interleave",
                                  "aten::equal"};
 
+// Note [Writes a schema hides]: these operators write the named arguments in place although their
+// schemas do not mark them (a tensor without (a!)): batch norm's running statistics, updated
+// when `training` (instance norm: `use_input_stats`) is true, or always (the SyncBatchNorm
+// kernels and batch_norm_update_stats). Read as reads, a later reader on another stream would
+// not wait for the update (the tracker) and the race would go unseen (the sim's checker). Every
+// overload whose schema has the named arguments; the others (_native_batch_norm_legit,
+// _batch_norm_with_update) declare theirs. tests/python/test_op_facts.py checks the list
+// against what the CPU kernels of the OpInfo samples mutate (torch's SchemaCheckMode).
+struct HiddenWrite {
+  const char* op;
+  const char* when;  // the bool argument that turns the write on, nullptr: always
+};
+const std::vector<HiddenWrite>* g_hidden_writes = new std::vector<HiddenWrite>{
+    {"aten::batch_norm", "training"},
+    {"aten::_batch_norm_impl_index", "training"},
+    {"aten::native_batch_norm", "training"},
+    {"aten::cudnn_batch_norm", "training"},
+    {"aten::miopen_batch_norm", "training"},
+    {"aten::instance_norm", "use_input_stats"},
+    {"aten::batch_norm_update_stats", nullptr},
+    {"aten::batch_norm_gather_stats", nullptr},
+    {"aten::batch_norm_gather_stats_with_counts", nullptr},
+};
+
 bool listed(const std::vector<std::string>& list, const std::string& name) {
   return std::find(list.begin(), list.end(), name) != list.end();
 }
@@ -124,6 +148,34 @@ bool infer_c10d_writes(const c10::FunctionSchema& s, OpFacts& f) {
   return any_write;
 }
 
+// Marks the running statistics of an operator in g_hidden_writes written (kWrittenIf, by the
+// bool argument `when`, if not null). Returns whether it marked any.
+bool add_hidden_writes(const c10::FunctionSchema& s, const char* when, OpFacts& f) {
+  const auto& args = s.arguments();
+  int condition = -1;
+  if (when != nullptr) {
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (args[i].name() == when && args[i].type()->kind() == c10::TypeKind::BoolType) {
+        condition = static_cast<int>(i);
+      }
+    }
+    if (condition < 0) {
+      return false;  // (not this overload's shape: leave its schema as it is)
+    }
+  }
+  bool marked = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if ((args[i].name() == "running_mean" || args[i].name() == "running_var") && f.write[i] == 0) {
+      f.write[i] = condition < 0 ? 1 : OpFacts::kWrittenIf;
+      marked = true;
+    }
+  }
+  if (marked && condition >= 0) {
+    f.written_if = condition;
+  }
+  return marked;
+}
+
 OpFacts compute(const c10::FunctionSchema& s) {
   OpFacts f;
   f.known = true;
@@ -155,6 +207,11 @@ OpFacts compute(const c10::FunctionSchema& s) {
     f.write[0] = 1;
     any_write = true;
     f.may_move = true;
+  }
+  for (const HiddenWrite& h : *g_hidden_writes) {
+    if (f.name == h.op) {
+      any_write |= add_hidden_writes(s, h.when, f);
+    }
   }
   if (f.name.compare(0, 6, "c10d::") == 0 && !any_write) {
     any_write = infer_c10d_writes(s, f);

@@ -26,6 +26,11 @@ struct OpFacts {
   std::string full_name;       // "aten::add.Tensor" (the op as race reports name it)
   std::vector<uint8_t> write;  // per argument: the schema marks it written (in-place, out=); for
                                // c10d collectives (unannotated) their outputs or, in place, tensors
+  // A `write` of kWrittenIf is written only when the bool argument `written_if` is true: batch
+  // norm's running statistics, which operators whose schemas do not mark them update in place
+  // when training (Note [Writes a schema hides], op_facts.cpp). Read it with writes_argument().
+  static constexpr uint8_t kWrittenIf = 2;
+  int written_if = -1;  // index of that bool argument, or -1
   // Views and metadata queries (and the ops listed in op_facts.cpp that touch no data): no data
   // access of their own. The tracker looks through them to the ops they call (x.to(dtype) is
   // aten::to, a view op, around aten::_to_copy); the sim device records nothing for them.
@@ -45,6 +50,19 @@ struct OpFacts {
   bool syncs_host = false;
   bool known = false;  // false: no schema (not a dispatcher op); treated as transparent
 };
+
+// Whether argument `i` of a call with these arguments is written (a kWrittenIf write by its bool;
+// read conservatively as written when the bool is missing).
+inline bool writes_argument(const OpFacts& f, size_t i, c10::ArrayRef<c10::IValue> args) {
+  if (i >= f.write.size() || f.write[i] == 0) {
+    return false;
+  }
+  if (f.write[i] != OpFacts::kWrittenIf) {
+    return true;
+  }
+  const auto c = static_cast<size_t>(f.written_if);
+  return c >= args.size() || !args[c].isBool() || args[c].toBool();
+}
 
 // Whether an argument with this alias annotation is written by the op (Tensor(a!), or a list of
 // such). Shared with the sim device's kernels.

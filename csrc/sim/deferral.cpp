@@ -67,8 +67,9 @@ bool try_defer(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Op
       deferrable = false;  // CPU tensors may only be scalars (read at launch, as CUDA does)
     }
   };
+  const c10::ArrayRef<c10::IValue> call(stack->data() + first, nargs);
   for (size_t i = 0; i < nargs; ++i) {
-    const bool w = facts.write[i] != 0;
+    const bool w = writes_argument(facts, i, call);
     const c10::IValue& v = (*stack)[first + i];
     if (v.isTensor()) {
       note(v.toTensor(), w);

@@ -135,8 +135,9 @@ class FallbackCall {
   // (Tensor[], Tensor?[]), as the CPU kernel's unboxing expects. Tensors nested deeper (Tensor[][])
   // occur in c10d schemas only, whose sim kernels are c10d's own.
   void replace_arguments(size_t first, size_t nargs, std::vector<Access>& accesses) {
+    const c10::ArrayRef<c10::IValue> args(stack_.data() + first, nargs);
     for (size_t i = 0; i < nargs; ++i) {
-      const bool w = facts_.write[i] != 0;
+      const bool w = writes_argument(facts_, i, args);
       c10::IValue& v = stack_[first + i];
       if (v.isTensor()) {
         const at::Tensor& tensor = v.toTensor();

@@ -117,7 +117,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     return counted;
   }
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const bool w = i < facts.write.size() && facts.write[i] != 0;
+    const bool w = writes_argument(facts, i, inputs);
     for_each_tensor(inputs[i],
                     [&](const at::Tensor& t) { check_host_tensor(t, w, counted->accesses); });
   }

@@ -155,3 +155,47 @@ def test_an_unknown_op_name_is_a_value_error() -> None:
         facts("aten::is_nonzero_")
     with pytest.raises(ValueError, match="not a registered operator"):
         facts("aten::add.NoSuchOverload")
+
+
+# Note [Writes a schema hides]: (operator, the bool argument that turns the write on, or None)
+HIDDEN_WRITES = {
+    "aten::batch_norm": "training",
+    "aten::_batch_norm_impl_index": "training",
+    "aten::native_batch_norm": "training",
+    "aten::cudnn_batch_norm": "training",
+    "aten::miopen_batch_norm": "training",
+    "aten::instance_norm": "use_input_stats",
+    "aten::batch_norm_update_stats": None,
+    "aten::batch_norm_gather_stats": None,
+    "aten::batch_norm_gather_stats_with_counts": None,
+}
+# Operators with running statistics that only read them (backward, eval-only, functional forms).
+_READS_RUNNING_STATS = ("_backward", "_no_training", "_no_update", "_functional")
+
+
+def test_running_statistics_a_schema_does_not_mark_are_written() -> None:
+    """Batch norm's running_mean and running_var are updated in place by operators whose schemas
+    do not mark them written (aten::batch_norm, native_batch_norm, instance_norm, ...): the facts
+    mark them, written when `training` (`use_input_stats`) is true, so the tracker orders a later
+    reader after the update and the sim sees the write. Every dispatcher operator of this torch
+    with an unmarked running_mean is either in HIDDEN_WRITES or, by its name, a reader."""
+    checked = set()
+    for schema in torch._C._jit_get_all_schemas():
+        names = [a.name for a in schema.arguments]
+        if "running_mean" not in names:
+            continue
+        full = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
+        if not _is_dispatcher_op(full):
+            continue
+        f = facts(full)
+        declared = schema.arguments[names.index("running_mean")].alias_info is not None
+        if declared or any(marker in schema.name for marker in _READS_RUNNING_STATS):
+            assert f["written_if"] is None, f
+            assert declared == ("running_mean" in f["written"]), f
+            continue
+        assert schema.name in HIDDEN_WRITES, f"{full} may write its running statistics: list it"
+        assert {"running_mean", "running_var"} <= set(f["written"]), f
+        assert f["written_if"] == HIDDEN_WRITES[schema.name], f
+        checked.add(schema.name)
+    # (not vacuous: the forward operators every torch has)
+    assert {"aten::batch_norm", "aten::native_batch_norm", "aten::instance_norm"} <= checked

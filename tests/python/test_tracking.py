@@ -213,6 +213,64 @@ def test_an_output_first_used_long_after_it_was_made_is_waited_for() -> None:
     assert torch.equal((first + 1).cpu(), torch.full((N,), 3.0))  # read on the default stream
 
 
+# ---- writes a schema hides (Note [Writes a schema hides]) -----------------------------------------
+def _norm_module(kind: str) -> "torch.nn.Module":
+    # instance norm tracking running statistics updates them in place too (aten::instance_norm)
+    if kind == "batch_norm":
+        return torch.nn.BatchNorm1d(4)
+    return torch.nn.InstanceNorm1d(4, track_running_stats=True)
+
+
+def running_stats_then_read(pa: Optional["tp.Pipeline"], pb: Optional["tp.Pipeline"], kind: str,
+                            device: str = "sim:0") -> Tuple["torch.Tensor", "torch.Tensor"]:
+    norm = _norm_module(kind).to(device)
+    x = torch.arange(96.0, device=device).reshape(4, 4, 6) / 7
+    if device != "cpu":
+        torch.accelerator.synchronize()  # (only what follows matters)
+    with tp.pipeline(pa):
+        for _ in range(3):
+            norm(x)    # training: running_mean and running_var updated in place on pa's stream
+    with tp.pipeline(pb):
+        return norm.running_mean * 1, norm.running_var * 1  # read on pb's stream
+
+
+@pytest.mark.parametrize("kind", ["batch_norm", "instance_norm"])
+def test_a_read_of_running_statistics_waits_for_their_update(kind: str) -> None:
+    # The schemas of aten::batch_norm and aten::instance_norm do not mark running_mean and
+    # running_var written: read as reads, the read on pb would not wait for pa's updates.
+    pa, pb = tp.Pipeline(), tp.Pipeline()
+    mean, var = running_stats_then_read(pa, pb, kind)
+    want_mean, want_var = running_stats_then_read(None, None, kind, device="cpu")
+    assert torch.allclose(mean.cpu(), want_mean) and torch.allclose(var.cpu(), want_var)
+    assert sim.races() == []
+    with untracked():
+        running_stats_then_read(pa, pb, kind)
+        # (the sim reports the update by the kernel that wrote it, copy_ in its batch norm)
+        assert any(later == "aten::mul.out" for _, later in race_ops(sim.races())), sim.races()
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_writes_its_running_statistics_only_when_training(exact_waits: None,
+                                                                     training: bool) -> None:
+    # In eval mode two pipelines may run the same batch norm side by side: no wait between them.
+    pa, pb = tp.Pipeline(), tp.Pipeline()
+    mean, var = torch.zeros(4, device="sim:0"), torch.ones(4, device="sim:0")
+    x = torch.arange(64.0, device="sim:0").reshape(16, 4)
+
+    def norm() -> "torch.Tensor":
+        return torch.nn.functional.batch_norm(x, mean, var, training=training)
+
+    with tp.pipeline(pb):
+        norm()         # pb is ordered after what made x and the statistics (and, training, writes)
+    with tp.pipeline(pa):
+        norm()         # pa too (and, training, writes the running statistics after pb)
+    before = stats()["waits"]
+    with tp.pipeline(pb):
+        norm()
+    assert stats()["waits"] == before + (1 if training else 0)
+    assert sim.races() == []
+
+
 # ---- going live and idle --------------------------------------------------------------------------
 def test_work_before_a_pipeline_exists_is_ordered_before_it() -> None:
     gc.collect()

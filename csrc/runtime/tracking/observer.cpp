@@ -214,7 +214,7 @@ void begin_op(const OpFacts& facts, c10::ArrayRef<c10::IValue> inputs, bool on_d
   }
   bool any_device = false;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const bool w = i < facts.write.size() && facts.write[i] != 0;
+    const bool w = writes_argument(facts, i, inputs);
     if (inputs[i].isTensor()) {
       // (the IValue lives until the start callbacks have run)
       add_tensor(inputs[i].toTensor(), w, facts.may_move, t);
