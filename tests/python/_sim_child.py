@@ -194,3 +194,14 @@ def untracked() -> Iterator[None]:
         yield
     finally:
         _C._set_tracking_enabled(True)
+
+
+def fake_process_group() -> None:
+    """torch.distributed on sim tensors (child process): PyTorch's fake backend (collectives that
+    touch no data and return completed works), world size 2, initialized once per process. Its
+    c10d ops are observed like real ones."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if not dist.is_initialized():
+        dist.init_process_group("cpu:fake,sim:fake", store=FakeStore(), rank=0, world_size=2)

@@ -24,7 +24,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 import pytest
 import torch
 
-from _sim_child import IN_CHILD, install_proxies, tracked_sim_fixtures, untracked
+from _sim_child import (IN_CHILD, fake_process_group, install_proxies, tracked_sim_fixtures,
+                        untracked)
 
 if IN_CHILD:
     import torch_pipeline as tp
@@ -672,16 +673,6 @@ def test_collective_orders_itself_while_tracking_is_idle() -> None:
     y = x + 1                          # default stream (raises without the exit wait)
     assert torch.equal(y.cpu(), torch.full((N,), 7.0))
     assert sim.races() == []
-
-
-def fake_process_group() -> None:
-    """torch.distributed on sim tensors: PyTorch's fake backend (collectives that touch no data
-    and return completed works), world size 2. Its c10d ops are observed like real ones."""
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if not dist.is_initialized():
-        dist.init_process_group("cpu:fake,sim:fake", store=FakeStore(), rank=0, world_size=2)
 
 
 def test_collectives_write_their_tensors(exact_waits: None) -> None:

@@ -13,7 +13,7 @@ import threading
 import torch
 
 from _parts import part
-from _sim_child import IN_CHILD, install_proxies, tracked_sim_fixtures
+from _sim_child import IN_CHILD, fake_process_group, install_proxies, tracked_sim_fixtures
 
 if IN_CHILD:
     import torch.distributed as dist
@@ -23,14 +23,6 @@ if IN_CHILD:
 KEPT = 1024  # AsyncWorks::kKept
 
 _sim_enabled, _fresh_state = tracked_sim_fixtures(num_devices=1)
-
-
-def fake_process_group() -> None:
-    """PyTorch's fake backend (collectives that touch no data and return completed works)."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if not dist.is_initialized():
-        dist.init_process_group("cpu:fake,sim:fake", store=FakeStore(), rank=0, world_size=2)
 
 
 def test_a_work_is_kept_from_its_collective_until_it_is_waited_for() -> None:
