@@ -89,8 +89,9 @@ const std::vector<std::string>* g_host_sync_ops =
 // kernels and batch_norm_update_stats). Read as reads, a later reader on another stream would
 // not wait for the update (the tracker) and the race would go unseen (the sim's checker). Every
 // overload whose schema has the named arguments; the others (_native_batch_norm_legit,
-// _batch_norm_with_update) declare theirs. tests/python/test_op_facts.py checks the list
-// against what the CPU kernels of the OpInfo samples mutate (torch's SchemaCheckMode).
+// _batch_norm_with_update) declare theirs. tests/python/test_op_facts.py fails on an operator
+// of the installed torch with an unmarked running_mean that is neither listed nor, by its name, a
+// reader (backward, _no_training, _no_update, _functional).
 struct HiddenWrite {
   const char* op;
   const char* when;  // the bool argument that turns the write on, nullptr: always
