@@ -91,7 +91,8 @@ class StorageTable {
     StreamId home = 0;   // the stream it was allocated on, if known (made by an op)
     StreamSet recorded;  // streams recorded with the allocator (record_stream)
     // Created by the op at this position (a fresh output), not yet told to the tracker: many
-    // outputs are never used again, so the definition waits for the storage's next use.
+    // outputs are never used again, so the definition waits for the storage's next use. seq 0 on
+    // a stream: adopted there, no definition (Note [Storages of unknown origin]); stream 0: none.
     Position pending_definition;
     // Uses on the stream of pending_definition since then, not told to the tracker either
     // (Note [Home-stream uses]): the latest write and the latest read after it (seqs, 0: none).
@@ -159,7 +160,7 @@ class StorageTable {
     if (it != map_.end()) {
       Entry& e = it->second;
       *pending_home =
-          e.pending_definition.seq != 0 && e.home == e.pending_definition.stream ? e.home : 0;
+          e.pending_definition.stream != 0 && e.home == e.pending_definition.stream ? e.home : 0;
       return &e;
     }
     const size_t y = young_index(key);
@@ -207,6 +208,20 @@ class StorageTable {
     young_[slot].emplace(Young{key, make_ref(), definition, HomeUses{}});
     set_young_key(slot, key);
     ++young_size_;
+  }
+
+  // Note [Storages of unknown origin]: a storage the period has not seen (made before tracking
+  // went live, or inside an observed op without being its output: the statistics batch norm saves
+  // for backward) has no known allocation stream and no known writer. The first stream that uses
+  // it records it with the allocator, which then keeps the block from reuse until that stream's
+  // work at free time is done, as it would on the allocation stream: from then on the storage is
+  // home there. So it is adopted as a young storage of that stream with no definition (seq 0), its
+  // uses there noted like those of a fresh output (Note [Home-stream uses]), and it costs an entry
+  // only if another stream uses it or it outlives the ring. (No writer is invented: a later
+  // reader on another stream waits for nothing but the noted uses.)
+  template <typename MakeRef>
+  void adopt(Key key, MakeRef&& make_ref, StreamId stream) {
+    add_young(key, std::forward<MakeRef>(make_ref), Position{stream, 0});
   }
 
   // f(Entry&) for every entry whose storage is alive.

@@ -94,6 +94,27 @@ TEST(StorageTable, HomeUsesStayPendingUntilTheEntryIsTold) {
   EXPECT_EQ(table.find(other.key())->home_uses.read, 0u);
 }
 
+TEST(StorageTable, AnAdoptedStorageIsHomeWhereAdoptedWithNoDefinition) {
+  // Note [Storages of unknown origin]: adopted by stream 4, young with no definition (seq 0);
+  // its uses there are noted, and promotion keeps them with the stream as its home.
+  Table table(nullptr, /*young_capacity=*/4);
+  Storage s;
+  table.adopt(s.key(), [&] { return s.ref(); }, /*stream=*/4);
+  EXPECT_EQ(table.size(), 0u);
+  EXPECT_EQ(table.pending_home(s.key()), 4);
+  table.note_home_use(s.key(), 6, /*write=*/false);
+  Table::Entry* e = table.find(s.key());  // promoted
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->pending_definition, (Position{4, 0}));
+  EXPECT_EQ(e->home, 4);
+  EXPECT_TRUE(e->recorded.contains(4));
+  EXPECT_EQ(e->home_uses.read, 6u);
+  EXPECT_EQ(e->home_uses.write, 0u);
+  EXPECT_EQ(table.pending_home(s.key()), 4);  // (its state is still all pending there)
+  table.note_home_use(s.key(), 7, /*write=*/true);
+  EXPECT_EQ(e->home_uses.write, 7u);
+}
+
 TEST(StorageTable, AcquireCreatesOnceAndRedefinitionResetsTheEntry) {
   Table table(nullptr);
   Storage s;

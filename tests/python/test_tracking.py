@@ -151,6 +151,58 @@ def test_home_stream_uses_are_waited_for_once_another_stream_uses_the_storage() 
         assert {"aten::fill_.Scalar", "aten::add.Tensor"} & later, sim.races()
 
 
+def unknown_origin_then_another_stream() -> Tuple["torch.Tensor", ...]:
+    gc.collect()
+    assert not stats()["live"]
+    x = ones(2.0)          # made while tracking is idle: allocation stream and writer unknown
+    y = ones(2.0)
+    p = tp.Pipeline()
+    with tp.pipeline(p):
+        a = x * 3          # x's first use: adopted by p's stream, the read only noted there
+        y.mul_(5)          # y's first use: a write, only noted there
+    x.fill_(7)             # on the default stream: waits for p's read of x
+    z = y + 1              # waits for p's write of y
+    del p
+    return a, x, z
+
+
+def test_uses_of_a_storage_of_unknown_origin_are_waited_for_once_another_stream_uses_it() -> None:
+    """Note [Storages of unknown origin]: the first stream to use a storage made while tracking
+    was idle adopts it (recorded with the allocator there) and notes its uses like those of its own
+    outputs; another stream's use then waits for them."""
+    a, x, z = unknown_origin_then_another_stream()
+    assert torch.equal(a.cpu(), torch.full((N,), 6.0))
+    assert torch.equal(x.cpu(), torch.full((N,), 7.0))
+    assert torch.equal(z.cpu(), torch.full((N,), 11.0))
+    assert sim.races() == []
+    with untracked():
+        unknown_origin_then_another_stream()
+        raced = set(race_ops(sim.races()))
+        # (sim names in-place ops by the out= kernels they run: mul_ as aten::mul.out)
+        assert {("aten::mul.out", "aten::fill_.Scalar"),
+                ("aten::mul.out", "aten::add.out")} <= raced, sim.races()
+
+
+def test_a_storage_of_unknown_origin_used_on_one_stream_costs_no_entry() -> None:
+    """An adopted storage is recorded with the allocator once, on the stream that adopted it, and
+    stays young (no entry in the storage table) while only that stream uses it."""
+    gc.collect()
+    assert not stats()["live"]
+    xs = [ones() for _ in range(8)]
+    p = tp.Pipeline()
+    entries = _C._tracker_parts()["storages"]["entries"]
+    before = stats()
+    with tp.pipeline(p):
+        for x in xs:
+            x.mul_(2)
+            x.add_(1)
+            x.sum()
+    after = stats()
+    assert after["record_streams"] - before["record_streams"] == len(xs)
+    assert _C._tracker_parts()["storages"]["entries"] == entries
+    assert [x[0].item() for x in xs] == [3.0] * len(xs)
+
+
 def write_after_write(p: "tp.Pipeline") -> "torch.Tensor":
     x = ones()
     with tp.pipeline(p):

@@ -68,6 +68,10 @@ void protect_use_locked(StorageEntry& e, StreamEntry& se, const c10::Storage& st
   }
 }
 
+void adopt_locked(const StreamEntry& se, const c10::Storage& storage) {
+  record_stream(se.stream, storage);
+}
+
 void protect_old_block_locked(StorageEntry& e, const StreamEntry& se, const c10::Storage& storage) {
   // Once per block and stream: the allocator remembers a record until the block is freed, and a
   // reallocation (moved_to) resets the set for the new block.

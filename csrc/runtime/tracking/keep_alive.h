@@ -20,6 +20,10 @@ bool keeping_alive();
 // `pending`) or record it with the allocator, as the mode and its allocation stream say.
 void protect_use_locked(StorageEntry& e, StreamEntry& se, const c10::Storage& storage,
                         bool keep_alive, std::vector<PendingKeepAlive>& pending);
+// A storage of unknown allocation stream (no entry, not young) that the op about to launch on
+// `se` uses first: recorded on `se` with the allocator, which then treats `se` as if it were the
+// allocation stream (Note [Storages of unknown origin]).
+void adopt_locked(const StreamEntry& se, const c10::Storage& storage);
 // The op about to launch on `se` writes storage `e` and may give it new memory (resize_, an out=
 // argument): its block as it is now is freed inside the op, to the pool of its allocation stream,
 // where the next allocation may take it at once. Unless `se` is that stream, the block is recorded

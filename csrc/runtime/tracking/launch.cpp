@@ -90,6 +90,10 @@ class EagerTarget {
     }
   }
   void factory_launched(StreamEntry&, uint64_t) {}
+  void adopt(const StreamEntry& se, const c10::Storage& storage) {
+    adopt_locked(se, storage);
+    adopt_storage_locked(st_, storage, se.id);
+  }
   void moved(const std::vector<at::Tensor>& moved, const std::vector<Launched>& launched) {
     for (const at::Tensor& m : moved) {
       for (const Launched& l : launched) {
@@ -151,9 +155,18 @@ void launch_in(Target& target, ThreadRun& run, const std::vector<Access>& access
       // may give it new memory: that needs its entry.)
       StreamId pending_home = 0;
       StorageEntry* found = st.storages.lookup(key, &pending_home);
-      if (Target::kHomeUses && !cpu_here && !(a.write && a.may_move) && pending_home == se.id) {
-        home_uses.push_back(ThreadRun::HomeUse{key, found, a.write});
-        continue;
+      if constexpr (Target::kHomeUses) {
+        if (!cpu_here && !(a.write && a.may_move)) {
+          if (found == nullptr && pending_home == 0) {
+            // (Note [Storages of unknown origin]: recorded here, it is home here)
+            target.adopt(se, storage);
+            pending_home = se.id;
+          }
+          if (pending_home == se.id) {
+            home_uses.push_back(ThreadRun::HomeUse{key, found, a.write});
+            continue;
+          }
+        }
       }
       StorageEntry& e = found != nullptr ? *found : acquire_storage_locked(st, storage);
       define_pending_locked(st, e);

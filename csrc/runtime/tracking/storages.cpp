@@ -21,9 +21,17 @@ void add_young_locked(LiveState& st, const c10::Storage& storage, Position defin
       storage.unsafeGetStorageImpl(), [&] { return storage.getWeakStorageImpl(); }, definition);
 }
 
+void adopt_storage_locked(LiveState& st, const c10::Storage& storage, StreamId stream) {
+  st.storages.adopt(
+      storage.unsafeGetStorageImpl(), [&] { return storage.getWeakStorageImpl(); }, stream);
+}
+
 void define_pending_locked(LiveState& st, StorageEntry& e) {
-  if (e.pending_definition.seq != 0) {
-    st.tracker->define(e.pending_definition, {e.id});
+  if (e.pending_definition.stream != 0) {
+    // (seq 0: adopted, no definition; Note [Storages of unknown origin])
+    if (e.pending_definition.seq != 0) {
+      st.tracker->define(e.pending_definition, {e.id});
+    }
     // Then its uses on that stream since (Note [Home-stream uses]), oldest first.
     const StreamId home = e.pending_definition.stream;
     if (e.home_uses.write != 0) {

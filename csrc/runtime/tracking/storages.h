@@ -20,7 +20,11 @@ StorageEntry& acquire_storage_locked(LiveState& st, const c10::Storage& storage)
 StorageEntry* find_storage_locked(LiveState& st, const c10::StorageImpl* key);
 // A fresh output of the op at `definition` (young until used again).
 void add_young_locked(LiveState& st, const c10::Storage& storage, Position definition);
-// Tells the core tracker about a pending definition before the storage's next use.
+// A storage of unknown origin first used on `stream` (recorded there with the allocator): young,
+// home there, with no definition (Note [Storages of unknown origin]).
+void adopt_storage_locked(LiveState& st, const c10::Storage& storage, StreamId stream);
+// Tells the core tracker about a pending definition (and the home-stream uses noted since) before
+// the storage's next use elsewhere.
 void define_pending_locked(LiveState& st, StorageEntry& e);
 // The table's sweep dropped these (their storages died): the tracker forgets them.
 void forget_dead_locked(LiveState& st, std::vector<StorageEntry>& dead);
