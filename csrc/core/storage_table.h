@@ -81,8 +81,9 @@ class StorageTable {
   static_assert(std::is_pointer_v<Key>, "storages are keyed by address");
 
  public:
-  static constexpr size_t kYoung = 64;       // fresh outputs kept without an entry
-  static constexpr size_t kMinSweep = 1024;  // insertions between sweeps, at least
+  static constexpr size_t kYoung = 64;         // fresh outputs kept without an entry
+  static constexpr size_t kMinSweep = 1024;    // insertions between sweeps, at least
+  static constexpr size_t kNoSlot = SIZE_MAX;  // (a young slot hint: none)
 
   struct Entry {
     Entry(Ref r, StorageId i) : ref(std::move(r)), id(i) {}
@@ -154,21 +155,35 @@ class StorageTable {
     return home;
   }
   // One lookup for both paths: `key`'s entry if it has one (no promotion; nullptr if none), and
-  // in `*pending_home` what pending_home(key) returns.
-  Entry* lookup(Key key, StreamId* pending_home) {
+  // in `*pending_home` what pending_home(key) returns; in `*young_slot` (if given) its slot in the
+  // young ring, kNoSlot if it is not young: a hint for note_home_use.
+  Entry* lookup(Key key, StreamId* pending_home, size_t* young_slot = nullptr) {
     const auto it = map_.find(key);  // (first: most storages an op reads have entries)
     if (it != map_.end()) {
       Entry& e = it->second;
       *pending_home =
           e.pending_definition.stream != 0 && e.home == e.pending_definition.stream ? e.home : 0;
+      if (young_slot != nullptr) {
+        *young_slot = kNoSlot;
+      }
       return &e;
     }
     const size_t y = young_index(key);
-    *pending_home = y != young_keys_.size() ? young_[y]->definition.stream : 0;
+    const bool young = y != young_keys_.size();
+    *pending_home = young ? young_[y]->definition.stream : 0;
+    if (young_slot != nullptr) {
+      *young_slot = young ? y : kNoSlot;
+    }
     return nullptr;
   }
   // The op at `seq` on pending_home(key) (not 0) reads or writes it: noted with the pending state.
-  void note_home_use(Key key, uint64_t seq, bool write) {
+  // `young_slot` is a hint from lookup() or add_young(), used only while that slot still holds
+  // `key` (a storage added to the ring since may have taken it; then `key` is looked up again).
+  void note_home_use(Key key, uint64_t seq, bool write, size_t young_slot = kNoSlot) {
+    if (young_slot < young_keys_.size() && young_keys_[young_slot] == key) {
+      young_[young_slot]->home_uses.note(seq, write);
+      return;
+    }
     const auto it = map_.find(key);
     if (it != map_.end()) {
       it->second.home_uses.note(seq, write);
@@ -181,19 +196,20 @@ class StorageTable {
   }
 
   // `key` is a fresh output of the op at `definition`: it stays young (no entry) until it is used
-  // again or the ring is full; an entry it has already is redefined.
+  // again or the ring is full; an entry it has already is redefined. Returns its young slot
+  // (kNoSlot: it has an entry).
   template <typename MakeRef>
-  void add_young(Key key, MakeRef&& make_ref, Position definition) {
+  size_t add_young(Key key, MakeRef&& make_ref, Position definition) {
     auto it = map_.find(key);
     if (it != map_.end()) {
       it->second.define(definition);  // (an output of a storage known already)
-      return;
+      return kNoSlot;
     }
     if (const size_t i = young_index(key); i != young_keys_.size()) {
       Young& y = *young_[i];
       y.definition = definition;  // (two outputs sharing a storage, or an op returning it again)
       y.home_uses = HomeUses{};
-      return;
+      return i;
     }
     // The slot of the oldest young storage (or an empty one): promoted if it is still alive.
     const size_t slot = young_next_;
@@ -208,6 +224,7 @@ class StorageTable {
     young_[slot].emplace(Young{key, make_ref(), definition, HomeUses{}});
     set_young_key(slot, key);
     ++young_size_;
+    return slot;
   }
 
   // Note [Storages of unknown origin]: a storage the period has not seen (made before tracking
@@ -219,9 +236,10 @@ class StorageTable {
   // uses there noted like those of a fresh output (Note [Home-stream uses]), and it costs an entry
   // only if another stream uses it or it outlives the ring. (No writer is invented: a later
   // reader on another stream waits for nothing but the noted uses.)
+  // Returns its young slot, as add_young().
   template <typename MakeRef>
-  void adopt(Key key, MakeRef&& make_ref, StreamId stream) {
-    add_young(key, std::forward<MakeRef>(make_ref), Position{stream, 0});
+  size_t adopt(Key key, MakeRef&& make_ref, StreamId stream) {
+    return add_young(key, std::forward<MakeRef>(make_ref), Position{stream, 0});
   }
 
   // f(Entry&) for every entry whose storage is alive.

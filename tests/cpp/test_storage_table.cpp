@@ -94,6 +94,30 @@ TEST(StorageTable, HomeUsesStayPendingUntilTheEntryIsTold) {
   EXPECT_EQ(table.find(other.key())->home_uses.read, 0u);
 }
 
+TEST(StorageTable, AYoungSlotHintIsUsedOnlyWhileItsSlotHoldsTheStorage) {
+  // The launch notes a home use after the launch with the slot its lookup found: a storage added
+  // to the ring in between may have taken that slot (promoting the one looked up), and the use
+  // must still reach the right storage.
+  Table table(nullptr, /*young_capacity=*/1);
+  Storage s, t;
+  const size_t slot = table.add_young(s.key(), [&] { return s.ref(); }, Position{3, 7});
+  torch_pipeline::core::StreamId pending = 0;
+  size_t found_slot = Table::kNoSlot;
+  EXPECT_EQ(table.lookup(s.key(), &pending, &found_slot), nullptr);
+  EXPECT_EQ(found_slot, slot);
+  EXPECT_EQ(pending, 3);
+  table.note_home_use(s.key(), 8, /*write=*/false, found_slot);  // the slot still holds it
+  // `t` takes the only slot: `s` is promoted, with its noted use.
+  EXPECT_EQ(table.adopt(t.key(), [&] { return t.ref(); }, /*stream=*/3), slot);
+  table.note_home_use(s.key(), 9, /*write=*/true, found_slot);  // stale: looked up again
+  Table::Entry* e = table.find(s.key());
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->home_uses.write, 9u);
+  EXPECT_EQ(table.find(t.key())->home_uses.write, 0u);  // (not given s's use)
+  EXPECT_EQ(table.lookup(s.key(), &pending, &found_slot), e);
+  EXPECT_EQ(found_slot, Table::kNoSlot);
+}
+
 TEST(StorageTable, AnAdoptedStorageIsHomeWhereAdoptedWithNoDefinition) {
   // Note [Storages of unknown origin]: adopted by stream 4, young with no definition (seq 0);
   // its uses there are noted, and promotion keeps them with the stream as its home.

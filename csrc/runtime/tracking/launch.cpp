@@ -90,9 +90,9 @@ class EagerTarget {
     }
   }
   void factory_launched(StreamEntry&, uint64_t) {}
-  void adopt(const StreamEntry& se, const c10::Storage& storage) {
+  size_t adopt(const StreamEntry& se, const c10::Storage& storage) {
     adopt_locked(se, storage);
-    adopt_storage_locked(st_, storage, se.id);
+    return adopt_storage_locked(st_, storage, se.id);
   }
   void moved(const std::vector<at::Tensor>& moved, const std::vector<Launched>& launched) {
     for (const at::Tensor& m : moved) {
@@ -154,16 +154,17 @@ void launch_in(Target& target, ThreadRun& run, const std::vector<Access>& access
       // wait and no allocator protection; its use is noted after the launch. (Not for a write that
       // may give it new memory: that needs its entry.)
       StreamId pending_home = 0;
-      StorageEntry* found = st.storages.lookup(key, &pending_home);
+      size_t young_slot = StorageTable::kNoSlot;
+      StorageEntry* found = st.storages.lookup(key, &pending_home, &young_slot);
       if constexpr (Target::kHomeUses) {
         if (!cpu_here && !(a.write && a.may_move)) {
           if (found == nullptr && pending_home == 0) {
             // (Note [Storages of unknown origin]: recorded here, it is home here)
-            target.adopt(se, storage);
+            young_slot = target.adopt(se, storage);
             pending_home = se.id;
           }
           if (pending_home == se.id) {
-            home_uses.push_back(ThreadRun::HomeUse{key, found, a.write});
+            home_uses.push_back(ThreadRun::HomeUse{key, found, young_slot, a.write});
             continue;
           }
         }
@@ -203,11 +204,11 @@ void launch_in(Target& target, ThreadRun& run, const std::vector<Access>& access
     });
     se.log.start(launch.position.seq);  // in flight until finish()
     for (const ThreadRun::HomeUse& u : home_uses) {
-      // (an entry stays where it is; a young storage may have moved in the ring)
+      // (an entry stays where it is; a young storage's slot may have gone to another since)
       if (u.entry != nullptr) {
         u.entry->home_uses.note(launch.position.seq, u.write);
       } else {
-        st.storages.note_home_use(u.key, launch.position.seq, u.write);
+        st.storages.note_home_use(u.key, launch.position.seq, u.write, u.young_slot);
       }
     }
     for (const auto& ev : wait_events) {

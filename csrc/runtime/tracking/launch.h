@@ -31,10 +31,12 @@ struct ThreadRun {
   std::vector<c10::Device> devices;
   std::vector<std::shared_ptr<c10::Event>> wait_events;  // the events a launch waits on
   // Accesses of a launch to storages whose state is all pending on its stream, noted after it
-  // (Note [Home-stream uses]): the storage, its entry (null: young) and whether it is written.
+  // (Note [Home-stream uses]): the storage, its entry (null: young), its young slot as the lookup
+  // found it (a hint) and whether it is written.
   struct HomeUse {
     const c10::StorageImpl* key;
     StorageEntry* entry;
+    size_t young_slot;
     bool write;
   };
   std::vector<HomeUse> home_uses;

@@ -21,8 +21,8 @@ void add_young_locked(LiveState& st, const c10::Storage& storage, Position defin
       storage.unsafeGetStorageImpl(), [&] { return storage.getWeakStorageImpl(); }, definition);
 }
 
-void adopt_storage_locked(LiveState& st, const c10::Storage& storage, StreamId stream) {
-  st.storages.adopt(
+size_t adopt_storage_locked(LiveState& st, const c10::Storage& storage, StreamId stream) {
+  return st.storages.adopt(
       storage.unsafeGetStorageImpl(), [&] { return storage.getWeakStorageImpl(); }, stream);
 }
 

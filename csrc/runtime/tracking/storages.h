@@ -21,8 +21,9 @@ StorageEntry* find_storage_locked(LiveState& st, const c10::StorageImpl* key);
 // A fresh output of the op at `definition` (young until used again).
 void add_young_locked(LiveState& st, const c10::Storage& storage, Position definition);
 // A storage of unknown origin first used on `stream` (recorded there with the allocator): young,
-// home there, with no definition (Note [Storages of unknown origin]).
-void adopt_storage_locked(LiveState& st, const c10::Storage& storage, StreamId stream);
+// home there, with no definition (Note [Storages of unknown origin]). Returns its young slot (a
+// hint for StorageTable::note_home_use).
+size_t adopt_storage_locked(LiveState& st, const c10::Storage& storage, StreamId stream);
 // Tells the core tracker about a pending definition (and the home-stream uses noted since) before
 // the storage's next use elsewhere.
 void define_pending_locked(LiveState& st, StorageEntry& e);
