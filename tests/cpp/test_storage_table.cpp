@@ -109,9 +109,10 @@ TEST(StorageTable, AYoungSlotHintIsUsedOnlyWhileItsSlotHoldsTheStorage) {
   table.note_home_use(s.key(), 8, /*write=*/false, found_slot);  // the slot still holds it
   // `t` takes the only slot: `s` is promoted, with its noted use.
   EXPECT_EQ(table.adopt(t.key(), [&] { return t.ref(); }, /*stream=*/3), slot);
-  table.note_home_use(s.key(), 9, /*write=*/true, found_slot);  // stale: looked up again
   Table::Entry* e = table.find(s.key());
   ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->home_uses.read, 8u);
+  table.note_home_use(s.key(), 9, /*write=*/true, found_slot);  // stale: looked up again
   EXPECT_EQ(e->home_uses.write, 9u);
   EXPECT_EQ(table.find(t.key())->home_uses.write, 0u);  // (not given s's use)
   EXPECT_EQ(table.lookup(s.key(), &pending, &found_slot), e);
