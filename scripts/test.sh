@@ -8,7 +8,7 @@
 # comes from pip's configured indexes, or from TORCH_INDEX_URL when set (on Linux, PyPI's torch is
 # the CUDA build: TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu gives the CPU build).
 # Step 1 needs cmake, g++ and libgtest-dev: missing ones are installed with apt-get (through
-# sudo when not root). The whole run takes about 13 minutes on 2 cores, most of it step 1.
+# sudo when not root). The whole run takes 20-25 minutes on 2 cores, 10-12 of them step 4.
 # PYTHON_ONLY=1 skips step 1 (no apt, no GoogleTest): set up, build, pytest. Extra arguments go to
 # pytest (e.g. PYTHON_ONLY=1 bash scripts/test.sh -x -k tracking).
 set -euo pipefail
