@@ -32,7 +32,7 @@ struct ThreadRun {
   std::vector<std::shared_ptr<c10::Event>> wait_events;  // the events a launch waits on
   // Accesses of a launch to storages whose state is all pending on its stream, noted after it
   // (Note [Home-stream uses]): the storage, its entry (null: young), its young slot as the lookup
-  // found it (a hint) and whether it is written.
+  // or the adoption left it (a hint) and whether it is written.
   struct HomeUse {
     const c10::StorageImpl* key;
     StorageEntry* entry;
