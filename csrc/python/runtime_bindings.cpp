@@ -231,7 +231,12 @@ device); both need enable_timing=True.
   m.def("_set_unobserved_checks", &tracking::set_unobserved_checks, py::arg("sampling"),
         py::arg("backend"),
         "Test switch: the share of RecordFunction events the sampled check of threads without "
-        "the key sees (from the next go-live), and whether backends check their device ops.");
+        "the key sees (from the next go-live), and whether backends check their device ops "
+        "(off: the sampled check is installed for every device type).");
+  m.def("_sampled_check_installed", &tracking::sampled_check_installed,
+        "Whether the dispatcher path's sampled RecordFunction check of threads without the key "
+        "is installed (only while the live period has a stream of a device type whose backend "
+        "does not check its device ops).");
   m.def("_observe_this_thread", &tracking::observe_this_thread,
         "The calling thread is observed by the dispatcher path while tracking is live "
         "(torch_pipeline/_threads.py calls it when a thread starts).");

@@ -71,7 +71,8 @@ std::pair<bool, bool> observer_key_state();
 // Whether the dispatcher path's check of Dynamo's ranges is installed. For tests.
 bool range_check_installed();
 // Test switches: the calling thread drops the key (as a thread the runtime never knew); the
-// sampled check's share of events (from the next go-live) and whether backends check.
+// sampled check's share of events (from the next go-live) and whether backends check (off: the
+// sampled check is wanted for every device type, as for one whose backend does not check).
 void forget_this_thread();
 void set_unobserved_checks(double sampling, bool backend);
 // Test switch: the calling thread's ops are hidden from the dispatcher path (its key excluded),
@@ -83,6 +84,12 @@ uint64_t observed_generation();
 // A backend is about to run device op `op` on the calling thread: warns (once) if the dispatcher
 // path does not observe this thread, and observes it from then on. Cheap otherwise.
 void device_op_seen(const char* op);
+// The backend of `type` calls device_op_seen before every device op it runs (the sim device does):
+// the dispatcher path then needs no sampled RecordFunction check for that type (Note [The
+// sampled check is installed on demand]).
+void set_backend_checks(c10::DeviceType type);
+// Whether the dispatcher path's sampled check of other threads is installed. For tests.
+bool sampled_check_installed();
 
 // Test switch: with enabled == false tracking never goes live (and stops if it is), so tests can
 // show the races it removes. On by default.

@@ -9,6 +9,7 @@
 #include "state.h"
 
 #include "../runtime/streams.h"
+#include "../runtime/tracking.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
@@ -154,6 +155,8 @@ void enable(int n, bool strict) {
   at::setHostAllocator(kSim, host_allocator());
   at::RegisterPrivateUse1HooksInterface(new SimHooks());
   register_kernels();
+  // Every device op reaches sim::record, which checks its thread (tracking::device_op_seen).
+  tracking::set_backend_checks(kSim);
   // torch.Stream() (getNewStream) draws from the pools of 32 like CUDA's; a pipeline slot's stream
   // is a fresh one (bounded by the slots, which reuse their streams): live pipelines never share.
   register_exclusive_stream_factory(kSim, [](c10::Device device, int priority) {

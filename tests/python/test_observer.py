@@ -247,6 +247,44 @@ def test_the_sampled_check_notices_a_thread_where_no_backend_checks() -> None:
 
 
 @dispatcher_only
+def test_the_sampled_check_is_installed_only_for_a_device_no_backend_checks() -> None:
+    """The sampled check is a global RecordFunction callback, which costs every thread (a
+    countdown per op, a rebuilt callback cache at each restore of a thread-local state), so it is
+    installed only once the live period has a stream of a device type whose backend does not check
+    its device ops (Note [The sampled check is installed on demand]): never on sim, which checks
+    each op itself; with that check off (as on CUDA), at the first device op, until idle."""
+    idle()
+    x = torch.ones(N, device="sim:0")
+    p = tp.Pipeline()
+    with tp.pipeline(p):
+        y = x * 2
+    assert tp.tracking_stats()["ops"] > 0 and torch.equal(y.cpu(), torch.full((N,), 2.0))
+    assert not _C._sampled_check_installed()
+    del p, y
+    idle()
+    _C._set_unobserved_checks(1.0 / 64, False)
+    try:
+        p = tp.Pipeline()
+        assert not _C._sampled_check_installed()  # (live, but no stream in the period yet)
+        with tp.pipeline(p):
+            y = x * 2
+        assert _C._sampled_check_installed()
+        assert torch.equal(y.cpu(), torch.full((N,), 2.0))
+        del p, y
+        idle()
+        assert not _C._sampled_check_installed()
+        p = tp.Pipeline()  # (a new period wants it again)
+        with tp.pipeline(p):
+            y = x + 1
+        assert _C._sampled_check_installed()
+        del p, y
+        idle()
+        assert not _C._sampled_check_installed()
+    finally:
+        _C._set_unobserved_checks(1.0 / 64, True)
+
+
+@dispatcher_only
 def test_a_thread_of_an_earlier_live_period_is_observed_in_the_next() -> None:
     """A thread observed in one live period lets go of the key when tracking goes idle (its next
     op); when tracking goes live again, the sweep of Python threads gives it back at the thread's

@@ -27,10 +27,13 @@ namespace detail {
 
 namespace {
 
-// The callback installed by this process (only the switching thread touches these): the
-// RecordFunction path's observer, or the dispatcher path's sampled check of other threads.
+// The callback installed by this process (under g_registering): the RecordFunction path's
+// observer (by the switching thread), or the dispatcher path's sampled check of other threads (by
+// the thread that ends an op once it is wanted: Note [The sampled check is installed on demand]).
 std::optional<at::CallbackHandle> g_callback;
 bool g_callback_is_check = false;
+// A stream of a device type no backend checks joined the period: the check is due.
+std::atomic<bool> g_check_wanted{false};
 // In a forked child: the parent's callback, still registered (the same functions). Removing it
 // in the fork handler could block on a lock a parent's thread held; the child's next go_live
 // adopts it instead of adding another (until then it does nothing: g_observing and
@@ -55,10 +58,13 @@ void install_callback(bool dispatcher) {
     if (g_parent_callback.has_value()) {
       at::removeCallback(*g_parent_callback);
     }
-    g_callback = dispatcher ? add_sampled_check() : add_observer();
+    if (!dispatcher) {
+      g_callback = add_observer();  // (the dispatcher path's check waits until it is wanted)
+    }
   }
   g_parent_callback.reset();
   g_callback_is_check = dispatcher;
+  g_check_wanted.store(false);  // (the new period's streams want it again)
   if (dispatcher && range_check_due() && !g_range_check.has_value()) {
     g_range_check = add_dynamo_range_check();
   }
@@ -117,7 +123,7 @@ bool go_idle() {
       break;
     }
   }
-  if (g_callback.has_value() || g_range_check.has_value()) {
+  {
     std::lock_guard<std::mutex> registering(g_registering);
     if (g_callback.has_value()) {
       at::removeCallback(*g_callback);
@@ -127,9 +133,10 @@ bool go_idle() {
       at::removeCallback(*g_range_check);
       g_range_check.reset();
     }
+    // (under the lock: a check wanted from now on is not installed into the idle process)
+    g_observing.store(false, std::memory_order_release);
+    g_dispatch_observing.store(false, std::memory_order_release);
   }
-  g_observing.store(false, std::memory_order_release);
-  g_dispatch_observing.store(false, std::memory_order_release);
   {
     // Again, for what other threads launched while the callback was still installed.
     std::lock_guard<std::mutex> lock(st.mutex);
@@ -205,6 +212,19 @@ void compiled_state_changed() {
   }
 }
 
+void want_sampled_check() { g_check_wanted.store(true, std::memory_order_relaxed); }
+
+void install_wanted_check() {
+  if (!g_check_wanted.load(std::memory_order_relaxed)) {
+    return;
+  }
+  std::lock_guard<std::mutex> registering(g_registering);
+  if (g_check_wanted.exchange(false) && g_dispatch_observing.load() && !g_callback.has_value()) {
+    g_callback = add_sampled_check();
+    g_callback_is_check = true;
+  }
+}
+
 void update_live(bool settle) {
   live_switch().update(settle, [](const core::LiveSwitch::Step& step) { blocking_wait(step); });
 }
@@ -216,6 +236,11 @@ uint64_t fork_generation() { return g_fork_generation.load(std::memory_order_acq
 bool range_check_installed() {
   std::lock_guard<std::mutex> registering(detail::g_registering);
   return detail::g_range_check.has_value();
+}
+
+bool sampled_check_installed() {
+  std::lock_guard<std::mutex> registering(detail::g_registering);
+  return detail::g_callback.has_value() && detail::g_callback_is_check;
 }
 
 void pipeline_created() {

@@ -48,6 +48,8 @@ namespace {
 // checks (device_op_seen) run.
 std::atomic<double> g_check_sampling{1.0 / 64};
 std::atomic<bool> g_backend_check{true};
+// The device types whose backend checks every device op (set_backend_checks), a bit each.
+std::atomic<uint64_t> g_checked_types{0};
 
 std::atomic<uint64_t> g_generation{0};  // bumped at each go-live of this path
 
@@ -192,6 +194,12 @@ at::CallbackHandle add_sampled_check() {
                                    .scopes({at::RecordScope::FUNCTION}));
 }
 
+bool backend_checks(c10::DeviceType type) {
+  const auto bit = static_cast<unsigned>(type);
+  return bit < 64 && g_backend_check.load(std::memory_order_relaxed) &&
+         (g_checked_types.load(std::memory_order_relaxed) >> bit & 1) != 0;
+}
+
 void dispatch_observing_started() {
   g_generation.fetch_add(1, std::memory_order_acq_rel);
   g_dispatch_observing.store(true, std::memory_order_release);
@@ -266,6 +274,12 @@ void set_unobserved_checks(double sampling, bool backend) {
                     sampling);
   detail::g_check_sampling.store(sampling);
   detail::g_backend_check.store(backend);
+}
+
+void set_backend_checks(c10::DeviceType type) {
+  const auto bit = static_cast<unsigned>(type);
+  TORCH_INTERNAL_ASSERT(bit < 64, "device type ", static_cast<int>(type), " out of range");
+  detail::g_checked_types.fetch_or(uint64_t{1} << bit);
 }
 
 void device_op_seen(const char* op) {

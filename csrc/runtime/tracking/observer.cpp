@@ -13,6 +13,7 @@
 #include "host_watch.h"
 #include "keep_alive.h"
 #include "launch.h"
+#include "life.h"
 #include "pins.h"
 #include "state.h"
 
@@ -435,6 +436,7 @@ void op_end(Taken taken, c10::ArrayRef<c10::IValue> outputs) {
     if (!run.keep_alive.empty()) {
       record_instead(run.keep_alive);  // (begin_op failed after choosing to keep alive)
     }
+    install_wanted_check();  // (after every lock: Note [The sampled check is installed on demand])
   } else if (taken == Taken::kUnclaimed && !t.unclaimed.empty() &&
              t.unclaimed.back().level == t.level) {
     const Tls::Unclaimed u = t.unclaimed.back();

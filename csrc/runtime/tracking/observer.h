@@ -75,6 +75,9 @@ void report_compiled_gap(const char* name);
 // and starts observing (a new generation for the Python layer's sweep of its threads).
 bool register_dispatch_observer();
 at::CallbackHandle add_sampled_check();
+// Whether the backend of `type` checks every device op itself (set_backend_checks in tracking.h,
+// and the test switch set_unobserved_checks on): then no sampled check is wanted for it.
+bool backend_checks(c10::DeviceType type);
 void dispatch_observing_started();
 
 // The dispatcher path's check of Dynamo's "Torch-Compiled Region" ranges, installed while

@@ -2,6 +2,8 @@
 #include "stream_table.h"
 
 #include "graph_capture.h"
+#include "life.h"
+#include "observer.h"
 
 #include "../devices.h"
 
@@ -24,6 +26,9 @@ StreamEntry& StreamTable::acquire(const c10::Stream& s) {
       event.block(s);
       count(&Counters::waits);
     }
+  }
+  if (!backend_checks(s.device_type())) {
+    want_sampled_check();  // (Note [The sampled check is installed on demand])
   }
   StreamEntry& out = *entry;
   by_id_.emplace(out.id, entry.get());
