@@ -197,19 +197,22 @@ class StorageTable {
 
   // `key` is a fresh output of the op at `definition`: it stays young (no entry) until it is used
   // again or the ring is full; an entry it has already is redefined. Returns its young slot
-  // (kNoSlot: it has an entry).
+  // (kNoSlot: it has an entry). `unseen`: the caller knows the table holds no reference to `key`
+  // (no entry, not young), so neither is looked up.
   template <typename MakeRef>
-  size_t add_young(Key key, MakeRef&& make_ref, Position definition) {
-    auto it = map_.find(key);
-    if (it != map_.end()) {
-      it->second.define(definition);  // (an output of a storage known already)
-      return kNoSlot;
-    }
-    if (const size_t i = young_index(key); i != young_keys_.size()) {
-      Young& y = *young_[i];
-      y.definition = definition;  // (two outputs sharing a storage, or an op returning it again)
-      y.home_uses = HomeUses{};
-      return i;
+  size_t add_young(Key key, MakeRef&& make_ref, Position definition, bool unseen = false) {
+    if (!unseen) {
+      auto it = map_.find(key);
+      if (it != map_.end()) {
+        it->second.define(definition);  // (an output of a storage known already)
+        return kNoSlot;
+      }
+      if (const size_t i = young_index(key); i != young_keys_.size()) {
+        Young& y = *young_[i];
+        y.definition = definition;  // (two outputs sharing a storage, or an op returning it again)
+        y.home_uses = HomeUses{};
+        return i;
+      }
     }
     // The slot of the oldest young storage (or an empty one): promoted if it is still alive.
     const size_t slot = young_next_;

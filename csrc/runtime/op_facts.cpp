@@ -214,7 +214,8 @@ OpFacts compute(const c10::FunctionSchema& s) {
       any_write |= add_hidden_writes(s, h.when, f);
     }
   }
-  if (f.name.compare(0, 6, "c10d::") == 0 && !any_write) {
+  f.c10d = f.name.compare(0, 6, "c10d::") == 0;
+  if (f.c10d && !any_write) {
     any_write = infer_c10d_writes(s, f);
   }
   bool all_views = !s.returns().empty();

@@ -49,6 +49,7 @@ struct OpFacts {
   // output size depends on the data. Never set for transparent ops. Used by the sim device.
   bool syncs_host = false;
   bool known = false;  // false: no schema (not a dispatcher op); treated as transparent
+  bool c10d = false;   // a c10d op (namespace c10d::): a collective, which may return a Work
 };
 
 // Whether argument `i` of a call with these arguments is written (a kWrittenIf write by its bool;

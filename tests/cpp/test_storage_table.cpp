@@ -43,6 +43,26 @@ TEST(StorageTable, YoungOutputsCostNoEntryUntilUsedAgain) {
   EXPECT_EQ(e->id, Table::id_of(s.key()));
 }
 
+TEST(StorageTable, AnUnseenOutputIsAddedWithoutLookupsAndBehavesAsAnyYoungOne) {
+  // `unseen`: the caller knows the table holds no reference to the key (the runtime reads it off
+  // the StorageImpl's weak count); the output is young as after a full add_young.
+  Table table(nullptr, /*young_capacity=*/2);
+  Storage s, t, u;
+  EXPECT_EQ(table.add_young(s.key(), [&] { return s.ref(); }, Position{3, 7}, /*unseen=*/true), 0u);
+  EXPECT_EQ(table.young(), 1u);
+  EXPECT_EQ(table.pending_home(s.key()), 3);
+  table.note_home_use(s.key(), 8, /*write=*/true);
+  // Two more unseen outputs: `s` leaves the ring, promoted with its definition and home use.
+  table.add_young(t.key(), [&] { return t.ref(); }, Position{3, 9}, /*unseen=*/true);
+  table.add_young(u.key(), [&] { return u.ref(); }, Position{3, 10}, /*unseen=*/true);
+  EXPECT_EQ(table.young(), 2u);
+  EXPECT_EQ(table.size(), 1u);
+  Table::Entry* e = table.find(s.key());
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->pending_definition, (Position{3, 7}));
+  EXPECT_EQ(e->home_uses.write, 8u);
+}
+
 TEST(StorageTable, TheRingPromotesOnlyLiveStoragesThatLeaveIt) {
   Table table(nullptr, /*young_capacity=*/2);
   Storage kept;

@@ -183,6 +183,48 @@ def test_uses_of_a_storage_of_unknown_origin_are_waited_for_once_another_stream_
                 ("aten::mul.out", "aten::add.out")} <= raced, sim.races()
 
 
+_CACHED_OPS: "Optional[torch.library.Library]" = None
+_CACHE: List["torch.Tensor"] = []
+
+
+def cached_double(x: "torch.Tensor") -> "torch.Tensor":
+    """An op that returns a tensor it holds (a cache), filled with 2 * x: its output is no input of
+    the op, yet its storage is not new (the schema does not say it aliases anything)."""
+    global _CACHED_OPS
+    if _CACHED_OPS is None:
+        _CACHED_OPS = torch.library.Library("tp_test_cache", "DEF")
+        _CACHED_OPS.define("cached_double(Tensor x) -> Tensor")
+
+        def kernel(t: "torch.Tensor") -> "torch.Tensor":
+            torch.mul(t, 2, out=_CACHE[0])
+            return _CACHE[0]
+
+        _CACHED_OPS.impl("cached_double", kernel, "PrivateUse1")
+    return torch.ops.tp_test_cache.cached_double(x)
+
+
+def known_storage_returned_as_an_output(p: "tp.Pipeline") -> "torch.Tensor":
+    _CACHE[:] = [torch.zeros(N, device="sim:0")]   # made on the default stream
+    with tp.pipeline(p):
+        _CACHE[0].add_(1)      # used on p's stream too: the storage has an entry
+        out = cached_double(ones(5.0))   # p's stream writes it and returns it as an output
+    return out * 3             # on the default stream: waits for that write
+
+
+def test_an_output_whose_storage_the_tracker_knows_is_redefined_by_the_op() -> None:
+    """An op's output that is none of its inputs counts as made by the op, on its stream; when its
+    storage is one the tracker has seen (a tensor an op keeps and returns), that redefines the
+    storage's entry (the weak-count shortcut for new storages must not take it for a new one)."""
+    p = tp.Pipeline()
+    z = known_storage_returned_as_an_output(p)
+    assert torch.equal(z.cpu(), torch.full((N,), 30.0))
+    assert sim.races() == []
+    with untracked():
+        known_storage_returned_as_an_output(p)
+        # (sim names out-of-place ops by the out= kernels they run: `out * 3` as aten::mul.out)
+        assert ("aten::mul.out", "aten::mul.out") in race_ops(sim.races()), sim.races()
+
+
 def test_a_storage_of_unknown_origin_used_on_one_stream_costs_no_entry() -> None:
     """An adopted storage is recorded with the allocator once, on the stream that adopted it, and
     stays young (no entry in the storage table) while only that stream uses it."""

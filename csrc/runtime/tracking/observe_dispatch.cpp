@@ -35,6 +35,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace torch_pipeline {
@@ -84,21 +85,32 @@ void observe_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
     return;
   }
   const OpFacts& facts = op_facts(op);
-  Taken taken;
-  {
-    c10::impl::ExcludeDispatchKeyGuard tracker_ops(kBothKeys);
-    taken = op_start(facts, inputs);
+  // The tracker's own work runs with both keys excluded, and so do the callees of an op it claims
+  // (run_taken): for such an op one exclusion covers op_start, the op and op_end.
+  std::optional<c10::impl::ExcludeDispatchKeyGuard> tracker_ops(std::in_place, kBothKeys);
+  const Taken taken = op_start(facts, inputs);
+  const bool excluded = taken == Taken::kClaimed || taken == Taken::kInside;
+  if (!excluded) {
+    tracker_ops.reset();
   }
   try {
-    run_op(op, below, stack, taken);
+    if (excluded) {
+      op.redispatchBoxed(below, stack);
+    } else {
+      run_op(op, below, stack, taken);
+    }
   } catch (...) {
-    c10::impl::ExcludeDispatchKeyGuard tracker_ops(kBothKeys);
+    if (!excluded) {
+      tracker_ops.emplace(kBothKeys);
+    }
     op_end(taken, {});
     throw;
   }
   const size_t nret = op.schema().returns().size();
   TORCH_INTERNAL_ASSERT(stack->size() >= nret);
-  c10::impl::ExcludeDispatchKeyGuard tracker_ops(kBothKeys);
+  if (!excluded) {
+    tracker_ops.emplace(kBothKeys);
+  }
   op_end(taken, c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - nret, nret));
 }
 

@@ -10,14 +10,15 @@
 // tensor that may stand for others, no watched host memory, no pins) needs nothing from the
 // tracker, so these kernels check the same on the arguments as they are and call the next
 // kernel directly. Any other call needs op_start's boxed view of its arguments, but not a
-// heap-allocated stack nor an unboxing below: they are boxed into an array on this frame (the
-// plain arguments op_start reads nothing of, int lists among them, as None) and the op runs
-// unboxed (an operator whose return is not a tensor, a scalar, a tuple of tensors or nothing goes
-// to the boxed fallback). The list is what CPU-side code (data loading, metrics, the optimizer's
-// CPU state, the host side of copies) and model steps call most; an operator not on it is observed
-// exactly as before, only boxed. Each argument type is one of the overloads of host_arg below, or a
-// type that holds no tensor and no device (kPlainArg): an operator whose schema holds another type
-// does not compile here, so no tensor can hide in an argument the check skips.
+// heap-allocated stack nor an unboxing below: they are boxed into an array on this frame (tensors
+// borrowed; the plain arguments op_start reads nothing of, int lists among them, as None; no
+// host_only_op again) and the op runs unboxed (an operator whose return is not a tensor, a
+// scalar, a tuple of tensors or nothing goes to the boxed fallback). The list is what CPU-side
+// code (data loading, metrics, the optimizer's CPU state, the host side of copies) and model steps
+// call most; an operator not on it is observed exactly as before, only boxed. Each argument type is
+// one of the overloads of host_arg below, or a type that holds no tensor and no device (kPlainArg):
+// an operator whose schema holds another type does not compile here, so no tensor can hide in an
+// argument the check skips.
 #include "observe_dispatch.h"
 #include "observer.h"
 #include "state.h"
@@ -103,7 +104,16 @@ struct Returns {
   static constexpr bool kHandled =
       std::is_same_v<std::decay_t<T>, at::Tensor> || std::is_same_v<T, c10::Scalar>;
   static constexpr size_t kSize = 1;
-  static void box(const T& r, c10::IValue* out) { new (out) c10::IValue(r); }
+  // Returns whether the value is borrowed.
+  static bool box(const T& r, c10::IValue* out) {
+    if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
+      new (out) c10::IValue(c10::MaybeOwnedTraits<at::Tensor>::createBorrow(r));
+      return true;
+    } else {
+      new (out) c10::IValue(r);
+      return false;
+    }
+  }
 };
 template <>
 struct Returns<void> {
@@ -114,37 +124,56 @@ template <class... Ts>
 struct Returns<std::tuple<Ts...>> {
   static constexpr bool kHandled = (std::is_same_v<std::decay_t<Ts>, at::Tensor> && ...);
   static constexpr size_t kSize = sizeof...(Ts);
-  static void box(const std::tuple<Ts...>& r, c10::IValue* out) {
-    std::apply([&](const auto&... t) { ((new (out++) c10::IValue(t)), ...); }, r);
+  static bool box(const std::tuple<Ts...>& r, c10::IValue* out) {
+    std::apply(
+        [&](const auto&... t) {
+          ((new (out++) c10::IValue(c10::MaybeOwnedTraits<at::Tensor>::createBorrow(t))), ...);
+        },
+        r);
+    return true;
   }
 };
 
-// One argument boxed for op_start (see kUnreadArg).
-template <class T>
-void box_arg(c10::IValue*& out, const T& arg) {
-  if constexpr (kUnreadArg<T>) {
-    new (out++) c10::IValue();
-  } else {
-    new (out++) c10::IValue(arg);
-  }
-}
-
 // An op's arguments boxed on the caller's frame (no heap stack), destroyed by clear().
+// NB: a tensor is boxed borrowed (c10's MaybeOwnedTraits<IValue>: no reference count taken or
+// dropped, two atomic operations each), which is safe because the values never outlive the
+// arguments or the result they borrow from: op_start and op_end copy what they keep.
 template <size_t N>
 class Boxed {
+  static_assert(N <= 64, "one bit per value in `borrowed`");
+
  public:
   Boxed() = default;
   Boxed(const Boxed&) = delete;
   Boxed& operator=(const Boxed&) = delete;
   ~Boxed() { clear(); }
   c10::IValue* data() { return reinterpret_cast<c10::IValue*>(bytes_); }
+  // One argument boxed for op_start (see kUnreadArg).
+  template <class T>
+  void add(const T& arg) {
+    c10::IValue* out = data() + size;
+    if constexpr (kUnreadArg<T>) {
+      new (out) c10::IValue();
+    } else if constexpr (std::is_same_v<T, at::Tensor>) {
+      new (out) c10::IValue(c10::MaybeOwnedTraits<at::Tensor>::createBorrow(arg));
+      borrowed |= uint64_t{1} << size;
+    } else {
+      new (out) c10::IValue(arg);
+    }
+    ++size;
+  }
   void clear() {
     for (size_t i = 0; i < size; ++i) {
+      if ((borrowed >> i) & 1) {
+        c10::MaybeOwnedTraits<c10::IValue>::destroyBorrow(data()[i]);  // (to None: nothing dropped)
+      }
       data()[i].~IValue();
     }
     size = 0;
+    borrowed = 0;
   }
-  size_t size = 0;  // constructed values
+  size_t size = 0;        // constructed values
+  uint64_t borrowed = 0;  // the values that borrow a tensor, a bit each
 
  private:
   alignas(c10::IValue) unsigned char bytes_[(N == 0 ? 1 : N) * sizeof(c10::IValue)];
@@ -186,40 +215,46 @@ struct Unboxed<Op, Ret(Args...)> {
   static Ret observe_unboxed(const OpFacts& facts, c10::DispatchKeySet below, Args... args) {
     constexpr size_t kBoxed = sizeof...(Args);  // (no TensorOptions in an _ops schema: one each)
     Boxed<kBoxed> boxed;
-    c10::IValue* end = boxed.data();
-    (box_arg(end, args), ...);
-    boxed.size = kBoxed;
+    (boxed.add(args), ...);
     const c10::ArrayRef<c10::IValue> inputs(boxed.data(), kBoxed);
     const auto run = [&]() -> Ret { return Op::redispatch(below, std::forward<Args>(args)...); };
-    if (host_only_op(inputs)) {
-      boxed.clear();
-      return run_taken(Taken::kClaimed, run);
-    }
-    Taken taken;
-    {
-      c10::impl::ExcludeDispatchKeyGuard tracker_ops(kBothKeys);
-      taken = op_start(facts, inputs);
-    }
+    // (no host_only_op: call() found a device argument already.) The tracker's own work runs with
+    // both keys excluded, and so do the callees of an op it claims (run_taken): for such an op one
+    // exclusion covers op_start, the op and op_end.
+    std::optional<c10::impl::ExcludeDispatchKeyGuard> tracker_ops(std::in_place, kBothKeys);
+    const Taken taken = op_start(facts, inputs);
     boxed.clear();  // (op_start copies what it keeps; the op may now change its arguments)
+    const bool excluded = taken == Taken::kClaimed || taken == Taken::kInside;
+    if (!excluded) {
+      tracker_ops.reset();
+    }
     const auto run_or_end = [&]() -> Ret {
       try {
-        return run_taken(taken, run);
+        return excluded ? run() : run_taken(taken, run);
       } catch (...) {
-        c10::impl::ExcludeDispatchKeyGuard tracker_ops(kBothKeys);
+        if (!excluded) {
+          tracker_ops.emplace(kBothKeys);
+        }
         op_end(taken, {});
         throw;
       }
     };
     if constexpr (std::is_void_v<Ret>) {
       run_or_end();
-      c10::impl::ExcludeDispatchKeyGuard tracker_ops(kBothKeys);
+      if (!excluded) {
+        tracker_ops.emplace(kBothKeys);
+      }
       op_end(taken, {});
     } else {
       Ret result = run_or_end();
       Boxed<Returns<Ret>::kSize> outputs;
-      Returns<Ret>::box(result, outputs.data());
+      if (Returns<Ret>::box(result, outputs.data())) {
+        outputs.borrowed = (uint64_t{1} << Returns<Ret>::kSize) - 1;
+      }
       outputs.size = Returns<Ret>::kSize;
-      c10::impl::ExcludeDispatchKeyGuard tracker_ops(kBothKeys);
+      if (!excluded) {
+        tracker_ops.emplace(kBothKeys);
+      }
       op_end(taken, c10::ArrayRef<c10::IValue>(outputs.data(), outputs.size));
       return result;
     }

@@ -8,6 +8,7 @@
 #include "../op_facts.h"
 #include "../thread_local_ref.h"
 #include "../warn.h"
+#include "borrowed_tensors.h"
 #include "collectives.h"
 #include "graph_capture.h"
 #include "host_watch.h"
@@ -55,7 +56,7 @@ struct Tls {
   std::vector<at::Tensor> list_items;  // owned copies of tensors inside list arguments ...
   std::vector<bool> list_writes;       // ... and their write flags
   std::vector<Access> scratch;
-  std::vector<at::Tensor> fresh;
+  BorrowedTensors fresh;  // borrowed from op_end's outputs and from `moving` (cleared first)
   // Device tensors the op may give new memory (OpFacts::may_move) and their data before it (owned:
   // the boxed inputs do not outlive the start callback); those it did reallocate (resize_), whose
   // storage has a new home.
@@ -72,8 +73,15 @@ struct Tls {
     uint64_t observed;
   };
   std::vector<Unclaimed> unclaimed;
-  uint64_t observed = 0;  // ops this thread looked at (not transparent), nested ones included
-  uint64_t regions = 0;   // compiled regions this thread opened (CompiledRegion)
+  uint64_t observed = 0;     // ops this thread looked at (not transparent), nested ones included
+  uint64_t regions = 0;      // compiled regions this thread opened (CompiledRegion)
+  ThreadRun* run = nullptr;  // thread_run(), looked up once
+  ThreadRun& thread_run() {
+    if (C10_UNLIKELY(run == nullptr)) {
+      run = &detail::thread_run();
+    }
+    return *run;
+  }
 };
 thread_local Tls tls;
 
@@ -203,7 +211,7 @@ void begin_op(const OpFacts& facts, c10::ArrayRef<c10::IValue> inputs, bool on_d
   t.c10d_written.clear();
   t.async = false;
   t.period = 0;
-  t.c10d = facts.name.compare(0, 6, "c10d::") == 0;
+  t.c10d = facts.c10d;
   t.facts = &facts;
   // The common case of CPU code: nothing on a device, no watched host memory, no pinned tensors.
   t.host_only = !on_device && !watching_host() && g_pins.load(std::memory_order_acquire) == 0;
@@ -232,7 +240,7 @@ void begin_op(const OpFacts& facts, c10::ArrayRef<c10::IValue> inputs, bool on_d
   }
   if (t.accesses.empty()) {
     // A factory: its outputs are handled at the end; its streams wait for the baseline first.
-    auto& devices = thread_run().devices;
+    auto& devices = t.thread_run().devices;
     device_arguments(inputs, devices);
     enter_streams(devices);  // (inside a capture the capture's state has no baseline)
     // Inside a graph capture it launches now, so a stream not in the capture yet (a side
@@ -240,7 +248,7 @@ void begin_op(const OpFacts& facts, c10::ArrayRef<c10::IValue> inputs, bool on_d
     // graph, with memory from outside the graph's pool.
     if (on_device && capturing_thread() && !devices.empty()) {
       const c10::Device target = devices.front();  // (device_launch reuses `devices`)
-      device_launch(thread_run(), t.accesses, /*async=*/false, t.launched, t.period, target);
+      device_launch(t.thread_run(), t.accesses, /*async=*/false, t.launched, t.period, target);
     }
     return;
   }
@@ -263,7 +271,7 @@ void begin_op(const OpFacts& facts, c10::ArrayRef<c10::IValue> inputs, bool on_d
     // (x.to("cuda", non_blocking=True)) runs where its device argument says. A blocking one
     // (x.to("cuda"), torch.tensor(data, device=...)) has its output handled at the end, like a
     // factory's, so its streams wait for the baseline before it allocates and writes.
-    auto& devices = thread_run().devices;
+    auto& devices = t.thread_run().devices;
     device_arguments(inputs, devices);
     if (non_blocking && !devices.empty()) {
       target = devices.front();
@@ -273,7 +281,7 @@ void begin_op(const OpFacts& facts, c10::ArrayRef<c10::IValue> inputs, bool on_d
   }
   t.async = non_blocking && (any_device || target.has_value());
   wait_for_pins(t.accesses);
-  ThreadRun& run = thread_run();
+  ThreadRun& run = t.thread_run();
   if (!t.async && (watching_host() || g_pins.load(std::memory_order_acquire) > 0)) {
     t.scratch.clear();
     for (const Access& a : t.accesses) {
@@ -323,7 +331,8 @@ void end_op(c10::ArrayRef<c10::IValue> outputs, Tls& t) {
       // It had no memory (resize_storage_bytes_ growing a freed storage): what it has now is
       // fresh, made on the op's stream (unless an output already said so).
       const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
-      if (now != nullptr && std::none_of(fresh.begin(), fresh.end(), [&](const at::Tensor& f) {
+      if (now != nullptr &&
+          std::none_of(fresh.tensors().begin(), fresh.tensors().end(), [&](const at::Tensor& f) {
             return f.storage().unsafeGetStorageImpl() == storage;
           })) {
         fresh.push_back(tensor);
@@ -332,10 +341,11 @@ void end_op(c10::ArrayRef<c10::IValue> outputs, Tls& t) {
       t.moved.push_back(tensor);
     }
   }
-  if (t.launched.empty() && fresh.empty()) {
+  if (t.launched.empty() && fresh.tensors().empty()) {
     return;
   }
-  finish(thread_run(), t.launched, t.period, &fresh, t.async,  // (period 0 for a factory)
+  finish(t.thread_run(), t.launched, t.period, &fresh.tensors(),
+         t.async,  // (period 0 for a factory)
          t.moved.empty() ? nullptr : &t.moved);
 }
 
@@ -432,7 +442,7 @@ void op_end(Taken taken, c10::ArrayRef<c10::IValue> outputs) {
     t.moving.clear();
     t.moved.clear();
     t.c10d_written.clear();
-    ThreadRun& run = thread_run();
+    ThreadRun& run = t.thread_run();
     if (!run.keep_alive.empty()) {
       record_instead(run.keep_alive);  // (begin_op failed after choosing to keep alive)
     }

@@ -99,10 +99,6 @@ std::vector<std::string> gap_ops() {
   return gap_names();
 }
 
-bool has_data(const at::Tensor& t) {
-  return t.defined() && t.has_storage() && t.storage().data() != nullptr;
-}
-
 }  // namespace detail
 
 Stats stats() {

@@ -122,7 +122,10 @@ struct Access {
   bool write;
   bool may_move = false;  // a write that may give the storage new memory (OpFacts::may_move)
 };
-bool has_data(const at::Tensor& t);
+// A tensor with storage that holds memory. (Inline: called per tensor on the op path.)
+inline bool has_data(const at::Tensor& t) {
+  return t.defined() && t.has_storage() && t.storage().data() != nullptr;
+}
 
 }  // namespace detail
 }  // namespace tracking

@@ -17,8 +17,16 @@ StorageEntry* find_storage_locked(LiveState& st, const c10::StorageImpl* key) {
 }
 
 void add_young_locked(LiveState& st, const c10::Storage& storage, Position definition) {
+  // NB: every entry and young storage holds a weak reference to its StorageImpl, so one that has
+  // none (a weak count of 1: the count of the strong references) is in neither: most fresh
+  // outputs are new storages, whose lookups (a cache miss on the map) are saved. The count is
+  // read under the state's lock, under which the table's references are made.
+  auto borrowed = c10::intrusive_ptr<c10::StorageImpl>::reclaim(storage.unsafeGetStorageImpl());
+  const bool unseen = borrowed.weak_use_count() == 1;
+  (void)borrowed.release();  // (borrowed: no reference taken, none dropped)
   st.storages.add_young(
-      storage.unsafeGetStorageImpl(), [&] { return storage.getWeakStorageImpl(); }, definition);
+      storage.unsafeGetStorageImpl(), [&] { return storage.getWeakStorageImpl(); }, definition,
+      unseen);
 }
 
 size_t adopt_storage_locked(LiveState& st, const c10::Storage& storage, StreamId stream) {

@@ -15,10 +15,11 @@ namespace torch_pipeline {
 namespace tracking {
 namespace detail {
 
-StreamEntry& StreamTable::acquire(const c10::Stream& s) {
+StreamEntry& StreamTable::acquire_slow(const c10::Stream& s) {
   auto it = by_stream_.find(s);
   if (it != by_stream_.end()) {
-    return *it->second;
+    last_ = it->second.get();
+    return *last_;
   }
   auto entry = std::make_unique<StreamEntry>(next_id_++, s);
   for (const auto& [from, event] : baseline_) {
@@ -33,12 +34,17 @@ StreamEntry& StreamTable::acquire(const c10::Stream& s) {
   StreamEntry& out = *entry;
   by_id_.emplace(out.id, entry.get());
   by_stream_.emplace(s, std::move(entry));
+  last_ = &out;
   return out;
 }
 
-StreamEntry* StreamTable::find(core::StreamId id) {
+StreamEntry* StreamTable::find_slow(core::StreamId id) {
   const auto it = by_id_.find(id);
-  return it == by_id_.end() ? nullptr : it->second;
+  if (it == by_id_.end()) {
+    return nullptr;
+  }
+  last_ = it->second;
+  return last_;
 }
 
 StreamEntry* StreamTable::find(const c10::Stream& stream) {
@@ -90,6 +96,7 @@ void StreamTable::barrier() {
 }
 
 void StreamTable::clear() {
+  last_ = nullptr;
   by_stream_.clear();
   by_id_.clear();
   baseline_.clear();

@@ -32,8 +32,17 @@ class StreamTable {
  public:
   // The entry of `stream`, made at its first use in the period, when the stream waits for the
   // baseline event of every other stream of its device.
-  StreamEntry& acquire(const c10::Stream& stream);
-  StreamEntry* find(core::StreamId id);
+  // NB: the entry used last is answered without a lookup (an op's launch and end, and most ops
+  // of a thread, are on one stream); entries stay where they are until clear().
+  StreamEntry& acquire(const c10::Stream& stream) {
+    if (last_ != nullptr && last_->stream == stream) {
+      return *last_;
+    }
+    return acquire_slow(stream);
+  }
+  StreamEntry* find(core::StreamId id) {
+    return last_ != nullptr && last_->id == id ? last_ : find_slow(id);
+  }
   StreamEntry* find(const c10::Stream& stream);
   StreamEntry& at(core::StreamId id);  // (one that is known)
   size_t size() const { return by_stream_.size(); }
@@ -53,10 +62,14 @@ class StreamTable {
   void clear();
 
  private:
+  StreamEntry& acquire_slow(const c10::Stream& stream);
+  StreamEntry* find_slow(core::StreamId id);
+
   std::unordered_map<c10::Stream, std::unique_ptr<StreamEntry>> by_stream_;
   std::unordered_map<core::StreamId, StreamEntry*> by_id_;
   core::StreamId next_id_ = 1;
   std::vector<std::pair<c10::Stream, c10::Event>> baseline_;
+  StreamEntry* last_ = nullptr;  // the entry acquired or found last (nullptr: none)
 };
 
 }  // namespace detail
